@@ -1,0 +1,104 @@
+"""Fault injection: the controller writes ``faults.json`` in a host's state dir (bind-mounted read-only
+at /etc/gpuprov-lab in the host), and the emulation inside reads it live. ``unreachable`` is done here:
+the host is detached from the lab network and reattached with the same address on ``clear``.
+
+faults.json: ``{"faults": [{"kind": "xid", "gpu": 0, "xid": 79}, {"kind": "install-fail"}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import InputError, LabError
+from provisioner.lab import paths, state
+
+GPU_KINDS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
+HOST_KINDS = ("install-fail", "drain-block", "unreachable")
+KINDS = GPU_KINDS + HOST_KINDS
+CLEAR = "clear"
+DEFAULT_XID = 79
+MAX_XID = 999
+
+Fault = dict[str, Any]
+
+
+def faults_file(lp: paths.LabPaths, host: str) -> Path:
+    return lp.host_dir(host) / "faults.json"
+
+
+def read_faults(lp: paths.LabPaths, host: str) -> list[Fault]:
+    f = faults_file(lp, host)
+    if not f.exists():
+        return []
+    try:
+        doc = json.loads(f.read_text())
+    except ValueError as exc:
+        raise LabError(f"{f}: not valid JSON ({exc})") from exc
+    return list(doc.get("faults", []))
+
+
+def write_faults(lp: paths.LabPaths, host: str, faults: list[Fault]) -> None:
+    state.write_json(faults_file(lp, host), {"faults": faults})
+
+
+def is_unreachable(lp: paths.LabPaths, host: str) -> bool:
+    return any(f.get("kind") == "unreachable" for f in read_faults(lp, host))
+
+
+def describe(f: Fault) -> str:
+    extra = [f"{k}={f[k]}" for k in ("gpu", "xid") if k in f]
+    return f["kind"] + (f"({','.join(extra)})" if extra else "")
+
+
+def build_fault(st: state.LabState, host: str, kind: str, gpu: int | None, xid: int | None) -> Fault | None:
+    """Validate a fault request against the lab; the fault entry (None for clear)."""
+    spec = st.host(host)
+    if kind not in (*KINDS, CLEAR):
+        raise InputError(f"fault kind {kind!r} is unknown (kinds: {', '.join(KINDS)}, or {CLEAR})")
+    if kind != "xid" and xid is not None:
+        raise InputError(f"--xid applies to the xid fault only, not {kind!r}")
+    if kind not in GPU_KINDS and gpu is not None:
+        raise InputError(f"--gpu applies to GPU faults ({', '.join(GPU_KINDS)}), not {kind!r}")
+    if kind == CLEAR:
+        return None
+    fault: Fault = {"kind": kind}
+    if kind in GPU_KINDS:
+        if spec.gpu_count == 0:
+            raise InputError(f"host {host!r} has no GPU; {kind!r} is a GPU fault")
+        index = 0 if gpu is None else gpu
+        if not 0 <= index < spec.gpu_count:
+            raise InputError(
+                f"--gpu {index}: host {host!r} ({spec.profile}) has GPUs 0..{spec.gpu_count - 1}"
+            )
+        fault["gpu"] = index
+    if kind == "xid":
+        value = DEFAULT_XID if xid is None else xid
+        if not 1 <= value <= MAX_XID:
+            raise InputError(f"--xid {value}: an Xid is a number from 1 to {MAX_XID}")
+        fault["xid"] = value
+    return fault
+
+
+def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | None = None) -> list[Fault]:
+    """Add a fault to a host (or clear them all); return the host's faults now in force."""
+    st = state.require(lab)
+    fault = build_fault(st, host, kind, gpu, xid)
+    from provisioner.lab import network  # the engine is needed only for unreachable
+
+    with state.lock():
+        lp = st.paths
+        current = read_faults(lp, host)
+        if fault is None:
+            if any(f.get("kind") == "unreachable" for f in current):
+                network.reattach(st, st.host(host))
+            write_faults(lp, host, [])
+            return []
+        if fault in current:
+            return current
+        if fault["kind"] == "unreachable":
+            network.detach(st, st.host(host))
+        current.append(fault)
+        write_faults(lp, host, current)
+        return current

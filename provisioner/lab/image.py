@@ -1,0 +1,320 @@
+"""The lab host image: a debootstrapped Debian 12 rootfs (cached), imported into Docker, then a
+Dockerfile that makes it boot systemd as PID 1 with sshd, and bakes in the sim engineer's hardware
+emulation (``provisioner/lab/sim/hostfiles/``) and the lab archive key.
+
+Each layer is cached and rebuilt only when its inputs change: the rootfs by its package list, the host
+image by a hash of the Dockerfile, the hostfiles tree, the archive key and the running kernel (the
+containers share it, and ``modules.builtin`` is written for its release).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from provisioner.errors import LabError
+from provisioner.lab import paths, proc
+from provisioner.lab.engine import Docker, Progress, _quiet
+
+SUITE = "bookworm"
+ROOTFS_PACKAGES = [
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-apt",
+    "sudo",
+    "iproute2",
+    "iputils-ping",
+    "ca-certificates",
+    "gnupg",
+    "curl",
+    "procps",
+    "kmod",
+    "lsb-release",
+    "less",
+]
+BASE_REPO = "gpuprov-lab/base"
+HOST_REPO = "gpuprov-lab/host"
+HOSTFILES = Path(__file__).parent / "sim" / "hostfiles"
+IMAGE_SETUP = "/usr/lib/gpuprov-lab/image-setup.sh"
+ARCHIVE_KEYRING = "/usr/share/keyrings/gpuprov-lab-archive.gpg"
+# Modules the roles load with modprobe; the containers share the controller's kernel, so they are
+# declared built in for it and modprobe succeeds without module files.
+BUILTIN_MODULES = [
+    "overlay",
+    "br_netfilter",
+    "bridge",
+    "veth",
+    "nf_conntrack",
+    "nf_nat",
+    "ip_tables",
+    "iptable_filter",
+    "iptable_nat",
+    "iptable_mangle",
+    "xt_conntrack",
+    "xt_MASQUERADE",
+    "xt_mark",
+    "vxlan",
+    "ip_vs",
+    "ip_vs_rr",
+    "ip_vs_wrr",
+    "ip_vs_sh",
+]
+# Units that must not run in a container that shares the controller's devices and kernel, or that
+# would make runs flaky (apt timers taking the dpkg lock under a role).
+MASKED_UNITS = [
+    "getty@tty1.service",
+    "console-getty.service",
+    "systemd-udevd.service",
+    "systemd-udevd-control.socket",
+    "systemd-udevd-kernel.socket",
+    "systemd-udev-trigger.service",
+    "systemd-udev-settle.service",
+    "systemd-modules-load.service",
+    "systemd-remount-fs.service",
+    "sys-kernel-config.mount",
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "systemd-hwdb-update.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+]
+
+SSHD_CONF = """\
+# gpuprov lab host: root by key only, one host key placed by the controller before sshd starts.
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+"""
+
+DOCKERFILE = """\
+FROM {base}
+ENV container=docker
+COPY hostfiles/ /
+COPY gpuprov-lab-archive.gpg {keyring}
+COPY sshd-gpuprov-lab.conf /etc/ssh/sshd_config.d/gpuprov-lab.conf
+RUN set -e; \\
+    chmod 0644 {keyring} /etc/ssh/sshd_config.d/gpuprov-lab.conf; \\
+    systemctl mask {masked}; \\
+    rm -f /etc/ssh/ssh_host_* /etc/apt/sources.list /var/lib/dbus/machine-id; \\
+    : > /etc/machine-id; \\
+    install -d -m 0700 /root/.ssh; \\
+    mkdir -p /lib/modules/{kernel}; \\
+    for m in {modules}; do echo "kernel/$m.ko"; done > /lib/modules/{kernel}/modules.builtin; \\
+    touch /lib/modules/{kernel}/modules.order; \\
+    depmod -a {kernel}; \\
+    if [ -x {setup} ]; then {setup}; fi
+STOPSIGNAL SIGRTMIN+3
+CMD ["/sbin/init"]
+"""
+
+
+def debian_mirror_url() -> str:
+    """The Debian archive this machine's apt uses for bookworm main (GPUPROV_LAB_DEBIAN_MIRROR wins)."""
+    explicit = os.environ.get("GPUPROV_LAB_DEBIAN_MIRROR")
+    if explicit:
+        return explicit.rstrip("/")
+    found = _mirror_from_sources(Path("/etc/apt"))
+    if not found:
+        raise LabError(
+            "no apt source for Debian bookworm main in /etc/apt; "
+            "set GPUPROV_LAB_DEBIAN_MIRROR to a Debian archive URL"
+        )
+    return found
+
+
+def _mirror_from_sources(etc_apt: Path) -> str | None:
+    files = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*"))]
+    for f in files:
+        if not f.is_file():
+            continue
+        text = f.read_text(errors="replace")
+        if f.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line:
+                        continue
+                    key, value = line.split(":", 1)
+                    fields[key.strip().lower()] = value.strip()
+                if (
+                    "deb" in fields.get("types", "").split()
+                    and SUITE in fields.get("suites", "").split()
+                    and "main" in fields.get("components", "").split()
+                    and fields.get("enabled", "yes").lower() != "no"
+                    and fields.get("uris")
+                ):
+                    return fields["uris"].split()[0].rstrip("/")
+        elif f.name == "sources.list" or f.suffix == ".list":
+            for line in text.splitlines():
+                words = re.sub(r"\[[^\]]*\]", " ", line.split("#", 1)[0]).split()
+                if len(words) >= 4 and words[0] == "deb" and words[2] == SUITE and "main" in words[3:]:
+                    return words[1].rstrip("/")
+    return None
+
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def rootfs_stamp() -> str:
+    return _digest(SUITE, "minbase", *ROOTFS_PACKAGES)[:12]
+
+
+def rootfs_dir() -> Path:
+    return paths.cache_root() / "rootfs" / f"{SUITE}-{rootfs_stamp()}"
+
+
+def ensure_rootfs(progress: Progress = _quiet) -> Path:
+    """Debootstrap the host rootfs once (minbase + what sshd/systemd/Ansible need); cached."""
+    target = rootfs_dir()
+    if (target / "sbin" / "init").exists():
+        return target
+    if not shutil.which("debootstrap"):
+        raise LabError("debootstrap is not installed (./scripts/setup.sh installs it)")
+    mirror = debian_mirror_url()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for old in target.parent.iterdir():
+        if old.name.startswith(f"{SUITE}-") and old != target:
+            shutil.rmtree(old, ignore_errors=True)
+    tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"image: debootstrap {SUITE} (minbase) into {target} (once; takes a minute or two)")
+    proc.run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(ROOTFS_PACKAGES)}",
+            SUITE,
+            str(tmp),
+            mirror,
+        ],
+        timeout=1200,
+        what="debootstrap",
+    )
+    shutil.rmtree(tmp / "var" / "lib" / "apt" / "lists", ignore_errors=True)
+    (tmp / "var" / "lib" / "apt" / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    for deb in (tmp / "var" / "cache" / "apt" / "archives").glob("*.deb"):
+        deb.unlink()
+    os.replace(tmp, target)
+    return target
+
+
+def _image_exists(docker: Docker, tag: str) -> bool:
+    return docker.ok("image", "inspect", "--format", "{{.Id}}", tag)
+
+
+def ensure_base_image(docker: Docker, rootfs: Path, progress: Progress = _quiet) -> str:
+    tag = f"{BASE_REPO}:{SUITE}-{rootfs_stamp()}"
+    if _image_exists(docker, tag):
+        return tag
+    progress(f"image: importing the rootfs as {tag}")
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", "-", "."],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        imp = subprocess.run(
+            [docker.cli, "import", "--message", "gpuprov lab rootfs", "-", tag],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    finally:
+        if tar.stdout:
+            tar.stdout.close()
+        tar.wait()
+    if tar.returncode != 0 or imp.returncode != 0:
+        raise LabError(f"docker import of {rootfs} failed: {proc.tail(imp.stderr)}")
+    return tag
+
+
+def _tree_digest(root: Path) -> list[str]:
+    """Path, mode and content of every file in a tree, for the image hash."""
+    if not root.is_dir():
+        return ["(none)"]
+    parts: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                parts.append(f"{rel} -> {os.readlink(p)}")
+            else:
+                parts.append(
+                    f"{rel} {p.stat().st_mode & 0o7777:o} {hashlib.sha256(p.read_bytes()).hexdigest()}"
+                )
+    return parts
+
+
+def dockerfile_text(base: str) -> str:
+    return DOCKERFILE.format(
+        base=base,
+        keyring=ARCHIVE_KEYRING,
+        masked=" ".join(MASKED_UNITS),
+        kernel=os.uname().release,
+        modules=" ".join(BUILTIN_MODULES),
+        setup=IMAGE_SETUP,
+    )
+
+
+def host_image_tag(base: str, archive_key: bytes) -> str:
+    digest = _digest(dockerfile_text(base), SSHD_CONF, archive_key, *_tree_digest(HOSTFILES))
+    return f"{HOST_REPO}:{digest[:16]}"
+
+
+def ensure_host_image(docker: Docker, base: str, archive_key: bytes, progress: Progress = _quiet) -> str:
+    """Build the host image when its inputs changed; return its tag."""
+    tag = host_image_tag(base, archive_key)
+    if _image_exists(docker, tag):
+        return tag
+    progress(f"image: building {tag}")
+    build_root = paths.cache_root() / "tmp"
+    build_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=build_root, prefix="image-") as ctx_name:
+        ctx = Path(ctx_name)
+        if HOSTFILES.is_dir():
+            shutil.copytree(
+                HOSTFILES, ctx / "hostfiles", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            (ctx / "hostfiles").mkdir()
+        (ctx / "gpuprov-lab-archive.gpg").write_bytes(archive_key)
+        (ctx / "sshd-gpuprov-lab.conf").write_text(SSHD_CONF)
+        (ctx / "Dockerfile").write_text(dockerfile_text(base))
+        argv = ["build", "-q", "--label", "gpuprov.lab.image=host", "-t", tag, str(ctx)]
+        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+        res = docker(*argv, timeout=900, check=False, env=env)
+        if res.returncode != 0 and "layer does not exist" in res.stderr:
+            # The legacy builder of Docker 20.10 sometimes loses a fresh layer right after an engine
+            # reload; the same build then succeeds.
+            res = docker(*argv, timeout=900, check=False, env=env)
+        if res.returncode != 0:
+            raise LabError(f"docker build of the lab host image failed: {proc.tail(res.stderr)}")
+    _prune(docker, HOST_REPO, keep=tag)
+    return tag
+
+
+def _prune(docker: Docker, repo: str, keep: str) -> None:
+    """Remove older tags of our own image (ones still used by a container stay)."""
+    for ref in docker.lines("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo):
+        if ref != keep:
+            docker("image", "rm", ref, check=False)

@@ -1,0 +1,61 @@
+"""The lab's Ansible inventory: the groups of docs/contracts.md, root over SSH with the lab key and host
+key checking on, the mirror knobs, and per host the lab profile (for tests only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.lab import keys, plan
+from provisioner.lab.mirror import KEY_NAME
+from provisioner.lab.state import LabState
+
+
+def document(st: LabState) -> dict[str, Any]:
+    lp = st.paths
+    key = keys.ensure_archive_key()
+
+    def host_vars(name: str) -> dict[str, Any]:
+        h = st.host(name)
+        return {"ansible_host": h.ip, "gpuprov_lab_profile": h.profile, "gpuprov_lab_gpu_count": h.gpu_count}
+
+    cps = [h.name for h in st.hosts if not h.is_gpu]
+    gpus = [h.name for h in st.hosts if h.is_gpu]
+    return {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(lp.ssh_key),
+                "ansible_ssh_common_args": (
+                    f"-o UserKnownHostsFile={lp.known_hosts} -o StrictHostKeyChecking=yes"
+                ),
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "gpuprov_mirror_url": st.mirror_url,
+                "gpuprov_mirror_key_url": f"{st.mirror_url}/{KEY_NAME}.asc",
+                "gpuprov_mirror_key_fingerprint": key.fingerprint,
+                "gpuprov_lab_name": st.name,
+            },
+            "children": {
+                "kube_control_plane": {"hosts": {n: host_vars(n) for n in cps}},
+                "gpu_nodes": {"hosts": {n: host_vars(n) for n in gpus}},
+                "k8s_cluster": {"children": {"kube_control_plane": {}, "gpu_nodes": {}}},
+            },
+        }
+    }
+
+
+def write(st: LabState) -> Path:
+    path = st.paths.inventory
+    header = (
+        f"# gpuprov lab {st.name!r}: written by `gpuprov lab inventory`/`lab up`; hosts are simulated.\n"
+        f"# Control plane: {', '.join(h.name for h in st.hosts if h.name == plan.CONTROL_PLANE) or '-'}\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        header + yaml.safe_dump(document(st), sort_keys=False, default_flow_style=False, width=1000)
+    )
+    tmp.replace(path)
+    return path

@@ -1,0 +1,529 @@
+"""The lab's package mirror: a signed Debian bookworm archive of the real packages the roles install,
+plus the simulated vendor repositories, laid out as docs/contracts.md's mirror table says, and served
+per lab by a small HTTP server bound to the lab network's gateway address.
+
+Real Debian packages are resolved with ``apt-get install --download-only`` inside an overlay of the host
+rootfs (in a private mount namespace, so no mount outlives the run); downloaded .debs are cached. The
+mirror is rebuilt only when its inputs change (sim sources, package list, rootfs, signing key). Every
+repository is signed with the lab archive key (Release, InRelease, Release.gpg) and that key is also
+published at every vendor key path, so roles exercise their real key handling.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import LabError
+from provisioner.lab import image, keys, paths, proc, state
+from provisioner.lab.engine import Progress, _quiet
+from provisioner.lab.keys import ArchiveKey
+
+FORMAT = "3"
+SUITE = image.SUITE
+ARCH = "amd64"
+# Real Debian packages the roles install (their dependencies come along). The Depends of the simulated
+# packages that are not themselves simulated are added from the built .debs.
+DISTRO_PACKAGES = [
+    "docker.io",
+    "containerd",
+    "runc",
+    "iptables",
+    "initramfs-tools",
+    "conntrack",
+    "socat",
+    "ebtables",
+    "ethtool",
+    "pciutils",
+    "kmod",
+    "jq",
+    "python3-debian",
+    "apt-transport-https",
+    "ipset",
+    "ipvsadm",
+]
+KEY_NAME = "gpuprov-lab-archive"
+# apt settings of this machine that the resolver chroot must share (proxies, archive validity).
+APT_SETTINGS = (
+    "Acquire::http::Proxy",
+    "Acquire::https::Proxy",
+    "Acquire::Check-Valid-Until",
+    "Acquire::Check-Date",
+    "Acquire::Retries",
+)
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def mirrors_root() -> Path:
+    return paths.cache_root() / "mirror"
+
+
+def debs_cache() -> Path:
+    return paths.cache_root() / "debs" / SUITE
+
+
+# ---------------------------------------------------------------------------------------------- signing
+
+
+def _run_in(cwd: Path, argv: list[str], what: str) -> str:
+    return proc.run(argv, cwd=cwd, what=what, timeout=600).stdout
+
+
+def sign_release(release_dir: Path, key: ArchiveKey, gpg: list[str], release_options: dict[str, str]) -> None:
+    """Release (apt-ftparchive), InRelease (clear-signed) and Release.gpg (detached) for one repo."""
+    opts: list[str] = []
+    for k, v in release_options.items():
+        opts += ["-o", f"APT::FTPArchive::Release::{k}={v}"]
+    for name in ("Release", "InRelease", "Release.gpg"):
+        (release_dir / name).unlink(missing_ok=True)
+    text = _run_in(release_dir, ["apt-ftparchive", *opts, "release", "."], "apt-ftparchive release")
+    (release_dir / "Release").write_text(text)
+    signer = [*gpg, "--yes", "--local-user", key.fingerprint, "--digest-algo", "SHA512"]
+    proc.run(
+        [*signer, "--clearsign", "-o", str(release_dir / "InRelease"), str(release_dir / "Release")],
+        what="gpg --clearsign",
+    )
+    proc.run(
+        [
+            *signer,
+            "--armor",
+            "--detach-sign",
+            "-o",
+            str(release_dir / "Release.gpg"),
+            str(release_dir / "Release"),
+        ],
+        what="gpg --detach-sign",
+    )
+
+
+def _write_packages(index_dir: Path, text: str) -> None:
+    index_dir.mkdir(parents=True, exist_ok=True)
+    (index_dir / "Packages").write_text(text)
+    with gzip.GzipFile(index_dir / "Packages.gz", "wb", mtime=0) as fh:
+        fh.write(text.encode())
+
+
+def index_flat(repo: Path, key: ArchiveKey, gpg: list[str], label: str) -> None:
+    """Flat repository (``Suites: /``): Packages and Release next to the .debs."""
+    text = _run_in(repo, ["apt-ftparchive", "packages", "."], "apt-ftparchive packages")
+    _write_packages(repo, text)
+    sign_release(repo, key, gpg, {"Origin": label, "Label": label})
+
+
+def index_dists(repo: Path, suite: str, component: str, key: ArchiveKey, gpg: list[str], label: str) -> None:
+    """dists/ repository: pool/<component>/*.deb indexed into dists/<suite>/<component>/binary-amd64."""
+    text = _run_in(repo, ["apt-ftparchive", "packages", f"pool/{component}"], "apt-ftparchive packages")
+    dist = repo / "dists" / suite
+    _write_packages(dist / component / f"binary-{ARCH}", text)
+    sign_release(
+        dist,
+        key,
+        gpg,
+        {
+            "Origin": label,
+            "Label": label,
+            "Suite": suite,
+            "Codename": suite,
+            "Components": component,
+            "Architectures": ARCH,
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------ sim repos
+
+
+@dataclass(frozen=True)
+class SimRepo:
+    key: str
+    path: str
+    layout: Any  # "flat" or ("dists", suite, component)
+
+
+def _sim() -> tuple[Any, Any]:
+    try:
+        catalog = importlib.import_module("provisioner.lab.sim.catalog")
+        debs = importlib.import_module("provisioner.lab.sim.debs")
+    except ImportError as exc:
+        raise LabError(f"the lab's simulated packages (provisioner.lab.sim) cannot be loaded: {exc}") from exc
+    return catalog, debs
+
+
+def sim_repos(catalog: Any) -> list[SimRepo]:
+    repos = []
+    for key, (path, layout) in catalog.REPOS.items():
+        rel = str(path).strip("/")
+        if rel.startswith("..") or "/../" in f"/{rel}/" or rel.startswith("debian"):
+            raise LabError(f"provisioner.lab.sim.catalog.REPOS[{key!r}]: path {path!r} is not a mirror path")
+        repos.append(SimRepo(key, rel, layout))
+    return repos
+
+
+def _package_repos(pkg: Any) -> list[str]:
+    """Repo keys a sim package is published in."""
+    for attr in ("repos", "repo"):
+        value = getattr(pkg, attr, None)
+        if value:
+            return [value] if isinstance(value, str) else list(value)
+    raise LabError(f"sim package {getattr(pkg, 'name', pkg)!r} names no repository")
+
+
+def vendor_key_paths(repo: SimRepo) -> list[str]:
+    """Where the vendor publishes the key of this repository, relative to the mirror base."""
+    p = repo.path
+    if p.startswith("cuda/repos/"):
+        return [f"{p}/3bf863cc.pub"]
+    if p.startswith("libnvidia-container/"):
+        return ["libnvidia-container/gpgkey"]
+    if p.startswith("kubernetes/"):
+        return [f"{p}/Release.key"]
+    if p.startswith("helm-debian/"):
+        return ["helm-debian/gpgkey"]
+    if p.startswith("docker/linux/"):
+        return [f"{p}/gpg"]
+    return []
+
+
+def sim_inputs_digest() -> str:
+    sim_dir = Path(__file__).parent / "sim"
+    return _digest(*image._tree_digest(sim_dir))
+
+
+def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Progress) -> set[str]:
+    """Build every sim .deb into its repositories, index and sign them; return the names of the sim
+    packages (so their Depends on each other are not resolved from Debian)."""
+    catalog, debs = _sim()
+    repos = {r.key: r for r in sim_repos(catalog)}
+    packages = list(catalog.all_packages())
+    progress(f"mirror: building {len(packages)} simulated packages")
+    build_dir = target / ".build"
+    build_dir.mkdir(parents=True)
+    for pkg in packages:
+        deb = Path(debs.build_deb(pkg, build_dir))
+        for repo_key in _package_repos(pkg):
+            repo = repos.get(repo_key)
+            if repo is None:
+                raise LabError(f"sim package {pkg.name!r}: repository {repo_key!r} is not in catalog.REPOS")
+            if repo.layout == "flat":
+                dest = target / repo.path
+            else:
+                _, _suite, component = repo.layout
+                dest = target / repo.path / "pool" / component
+            dest.mkdir(parents=True, exist_ok=True)
+            if not (dest / deb.name).exists():
+                os.link(deb, dest / deb.name)
+    for repo in repos.values():
+        root = target / repo.path
+        root.mkdir(parents=True, exist_ok=True)
+        label = f"gpuprov lab (SIMULATED) {repo.key}"
+        if repo.layout == "flat":
+            index_flat(root, key, gpg, label)
+        else:
+            kind, suite, component = repo.layout
+            if kind != "dists":
+                raise LabError(f"catalog.REPOS[{repo.key!r}]: unknown layout {repo.layout!r}")
+            (root / "pool" / component).mkdir(parents=True, exist_ok=True)
+            index_dists(root, suite, component, key, gpg, label)
+        for rel in vendor_key_paths(repo):
+            _write(target / rel, key.armored)
+    for rel, data in catalog.extra_mirror_files().items():
+        rel = str(rel).strip("/")
+        if rel.startswith("..") or "/../" in f"/{rel}/":
+            raise LabError(f"catalog.extra_mirror_files(): path {rel!r} is not a mirror path")
+        _write(target / rel, data)
+    names = set()
+    for deb in build_dir.glob("*.deb"):
+        names.add(_deb_field(deb, "Package"))
+        for provided in _split_relations(_deb_field(deb, "Provides")):
+            names.update(provided)
+    (target / ".sim-depends").write_text("\n".join(sorted(_external_depends(build_dir, names))) + "\n")
+    shutil.rmtree(build_dir)
+    return names
+
+
+def _write(path: Path, data: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def _deb_field(deb: Path, field: str) -> str:
+    return proc.run(["dpkg-deb", "-f", str(deb), field], what="dpkg-deb -f").stdout.strip()
+
+
+def _split_relations(text: str) -> list[list[str]]:
+    """'a (>= 1), b | c:any' → [['a'], ['b', 'c']]."""
+    clauses = []
+    for clause in text.replace("\n", " ").split(","):
+        alts = []
+        for alt in clause.split("|"):
+            name = re.split(r"[\s(\[<]", alt.strip(), maxsplit=1)[0].split(":")[0]
+            if name:
+                alts.append(name)
+        if alts:
+            clauses.append(alts)
+    return clauses
+
+
+def _external_depends(build_dir: Path, sim_names: set[str]) -> set[str]:
+    """Depends/Pre-Depends of the sim packages that Debian must provide (first alternative)."""
+    wanted: set[str] = set()
+    for deb in build_dir.glob("*.deb"):
+        for field in ("Pre-Depends", "Depends"):
+            for alts in _split_relations(_deb_field(deb, field)):
+                if not any(a in sim_names for a in alts):
+                    wanted.add(alts[0])
+    return wanted
+
+
+# ------------------------------------------------------------------------------------- Debian archive
+
+
+def _host_apt_settings() -> str:
+    """The lines of this machine's apt configuration that the resolver must share."""
+    try:
+        dump = subprocess.run(["apt-config", "dump"], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:
+        return ""
+    keep = [ln for ln in dump.splitlines() if any(ln.startswith(s + " ") for s in APT_SETTINGS)]
+    return "\n".join(keep) + "\n"
+
+
+RESOLVE_SCRIPT = r"""
+set -eu
+mount -t overlay overlay -o "lowerdir=$ROOTFS,upperdir=$UPPER,workdir=$WORK" "$MERGED"
+mount --bind "$DEBS" "$MERGED/var/cache/apt/archives"
+mount -t proc proc "$MERGED/proc"
+cp /etc/resolv.conf "$MERGED/etc/resolv.conf"
+printf 'deb %s %s main\n' "$MIRROR" "$SUITE" > "$MERGED/etc/apt/sources.list"
+rm -f "$MERGED"/etc/apt/sources.list.d/*
+cp "$APTCONF" "$MERGED/etc/apt/apt.conf.d/00gpuprov-resolver"
+chroot "$MERGED" apt-get -q update >&2
+chroot "$MERGED" apt-get -s --no-install-recommends install $PACKAGES
+chroot "$MERGED" apt-get -q -y --download-only --no-install-recommends install $PACKAGES >&2
+"""
+
+
+def resolve_debian(packages: Iterable[str], rootfs: Path, progress: Progress) -> list[Path]:
+    """Download (cached) the .debs a lab host needs to install packages; return exactly that set."""
+    names = sorted(set(packages))
+    work = paths.cache_root() / "resolver" / image.rootfs_stamp()
+    for sub in ("upper", "work", "merged"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    cache = debs_cache()
+    (cache / "partial").mkdir(parents=True, exist_ok=True)
+    aptconf = work / "apt.conf"
+    aptconf.write_text(_host_apt_settings())
+    progress(f"mirror: resolving {len(names)} Debian packages and their dependencies (downloads are cached)")
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "ROOTFS": str(rootfs),
+        "UPPER": str(work / "upper"),
+        "WORK": str(work / "work"),
+        "MERGED": str(work / "merged"),
+        "DEBS": str(cache),
+        "MIRROR": image.debian_mirror_url(),
+        "SUITE": SUITE,
+        "APTCONF": str(aptconf),
+        "PACKAGES": " ".join(names),
+        "DEBIAN_FRONTEND": "noninteractive",
+        "LC_ALL": "C",
+    }
+    res = proc.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", RESOLVE_SCRIPT],
+        env=env,
+        timeout=1800,
+        what="apt-get --download-only in the rootfs overlay",
+    )
+    (cache / "lock").unlink(missing_ok=True)
+    debs: list[Path] = []
+    for m in re.finditer(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) .*?\[(\S+)\]\)", res.stdout, re.M):
+        name, version, arch = m.groups()
+        f = cache / f"{name}_{version.replace(':', '%3a')}_{arch}.deb"
+        if not f.exists():
+            raise LabError(f"apt resolved {name} {version} but {f} was not downloaded")
+        debs.append(f)
+    if not debs:
+        raise LabError(f"apt resolved nothing to install for {' '.join(names)}: {proc.tail(res.stdout)}")
+    return debs
+
+
+def build_debian_part(target: Path, debs: list[Path], key: ArchiveKey, gpg: list[str]) -> None:
+    pool = target / "pool" / "main"
+    pool.mkdir(parents=True)
+    for deb in debs:
+        os.link(deb, pool / deb.name)
+    index_dists(target, SUITE, "main", key, gpg, "gpuprov lab Debian")
+
+
+# ----------------------------------------------------------------------------------------- the mirror
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Hard-link copy of a tree (cheap: parts are reused by every mirror built from them)."""
+    proc.run(["cp", "-al", f"{src}/.", str(dst)], what="cp -al")
+
+
+def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) -> Path:
+    """The mirror directory for the current inputs (built when they changed)."""
+    parts = paths.cache_root() / "mirror-parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    sim_hash = _digest(FORMAT, key.fingerprint, sim_inputs_digest())
+    sim_part = parts / f"sim-{sim_hash}"
+    with keys.gpg_session(key.gnupghome) as gpg:
+        if not (sim_part / ".complete").exists():
+            shutil.rmtree(sim_part, ignore_errors=True)
+            tmp = parts / f".sim-{sim_hash}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            build_sim_part(tmp, key, gpg, progress)
+            (tmp / ".complete").touch()
+            os.replace(tmp, sim_part)
+        sim_depends = (sim_part / ".sim-depends").read_text().split()
+        wanted = sorted(set(DISTRO_PACKAGES) | set(sim_depends))
+        deb_hash = _digest(FORMAT, key.fingerprint, image.rootfs_stamp(), *wanted)
+        deb_part = parts / f"debian-{deb_hash}"
+        if not (deb_part / ".complete").exists():
+            shutil.rmtree(deb_part, ignore_errors=True)
+            debs = resolve_debian(wanted, rootfs, progress)
+            tmp = parts / f".debian-{deb_hash}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            build_debian_part(tmp, debs, key, gpg)
+            (tmp / ".complete").touch()
+            os.replace(tmp, deb_part)
+    mirror_hash = _digest(FORMAT, sim_hash, deb_hash)
+    target = mirrors_root() / mirror_hash
+    if (target / ".complete").exists():
+        return target
+    progress(f"mirror: assembling {target}")
+    tmp = mirrors_root() / f".{mirror_hash}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "debian").mkdir(parents=True)
+    _link_tree(deb_part, tmp / "debian")
+    _link_tree(sim_part, tmp)
+    for marker in (".complete", ".sim-depends", "debian/.complete"):
+        (tmp / marker).unlink(missing_ok=True)
+    _write(tmp / f"{KEY_NAME}.asc", key.armored)
+    _write(tmp / f"{KEY_NAME}.gpg", key.public)
+    (tmp / ".complete").touch()
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    prune(keep={target})
+    return target
+
+
+def prune(keep: set[Path]) -> None:
+    """Drop mirrors no lab serves any more (and the parts no kept mirror was built from)."""
+    in_use = set(keep)
+    for name in state.all_labs():
+        st = state.load(name)
+        if st and st.mirror_dir:
+            in_use.add(Path(st.mirror_dir))
+    root = mirrors_root()
+    if root.is_dir():
+        for d in root.iterdir():
+            if d not in in_use and not d.name.startswith("."):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ the server
+
+
+def _server_argv(bind: str, port: int, directory: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "provisioner.lab.httpserve",
+        "--bind",
+        bind,
+        "--port",
+        str(port),
+        "--directory",
+        str(directory),
+    ]
+
+
+def server_pid(lp: paths.LabPaths) -> int | None:
+    """PID of the lab's mirror server, if the recorded PID is still that server."""
+    pid = proc.read_pid(lp.mirror_pid)
+    if pid and proc.pid_matches(pid, ["provisioner.lab.httpserve"]):
+        return pid
+    return None
+
+
+def ensure_server(st: state.LabState, progress: Progress = _quiet) -> int:
+    """Serve st.mirror_dir on the lab gateway; (re)start the server when it is missing or stale."""
+    lp = st.paths
+    want = _server_argv(st.gateway, st.mirror_port, Path(st.mirror_dir))
+    pid = server_pid(lp)
+    if pid and proc.cmdline(pid)[1:] == want[1:] and _answers(st, 2):
+        return pid
+    if pid:
+        stop_server(lp)
+    _check_port_free(st.gateway, st.mirror_port)
+    progress(f"mirror: serving {st.mirror_url}/ from {st.mirror_dir}")
+    with open(lp.mirror_log, "ab") as log:
+        child = subprocess.Popen(
+            want,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+        )
+    lp.mirror_pid.write_text(f"{child.pid}\n")
+    deadline = time.monotonic() + 20
+    while not _answers(st, 1):
+        if child.poll() is not None or time.monotonic() > deadline:
+            proc.stop_pid(child.pid)
+            raise LabError(
+                f"the mirror server did not start: {proc.tail(lp.mirror_log.read_text(errors='replace'))}"
+            )
+        time.sleep(0.1)
+    return child.pid
+
+
+def _check_port_free(bind: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind, port))
+        except OSError as exc:
+            raise LabError(
+                f"cannot serve the mirror on {bind}:{port}: {exc.strerror} (choose --mirror-port)"
+            ) from exc
+
+
+def _answers(st: state.LabState, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"{st.mirror_url}/{KEY_NAME}.gpg", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop_server(lp: paths.LabPaths) -> bool:
+    pid = server_pid(lp)
+    if pid:
+        proc.stop_pid(pid, timeout=10)
+    lp.mirror_pid.unlink(missing_ok=True)
+    return pid is not None
