@@ -102,6 +102,103 @@ def stages() -> int:
     return 0
 
 
+def _lab_progress(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+@lab_app.command("up")
+def lab_up(
+    lab: LabOpt = "default",
+    hosts: Annotated[
+        int | None,
+        typer.Option("--hosts", help="Hosts in total: cp1 plus GPU hosts gpu1..gpuN-1 (default 3)."),
+    ] = None,
+    profiles: Annotated[
+        str | None,
+        typer.Option(help="GPU profiles of gpu1, gpu2, ... (comma-separated), e.g. h200,h100-sxm-8,l40s."),
+    ] = None,
+    subnet: Annotated[
+        str | None,
+        typer.Option(help="Private IPv4 network for the lab (a /24 or larger); default: a free one."),
+    ] = None,
+    mirror_port: Annotated[
+        int | None,
+        typer.Option("--mirror-port", help="Port of the lab mirror on the lab gateway (default 8080)."),
+    ] = None,
+) -> int:
+    """Create the lab, or reconcile it with the options (idempotent)."""
+    from provisioner.lab import fleet, render
+
+    req = fleet.UpRequest(
+        lab=lab,
+        hosts=hosts,
+        profiles=_split(profiles) if profiles is not None else None,
+        subnet=subnet,
+        mirror_port=mirror_port,
+    )
+    st = fleet.up(req, progress=_lab_progress)
+    typer.echo(render.up_summary(st))
+    return 0
+
+
+@lab_app.command("down")
+def lab_down(lab: LabOpt = "default") -> int:
+    """Remove the lab: containers, network, volumes, mirror server, state."""
+    from provisioner.lab import fleet, render
+
+    typer.echo(render.down_summary(lab, fleet.down(lab, progress=_lab_progress)))
+    return 0
+
+
+@lab_app.command("status")
+def lab_status(
+    lab: LabOpt = "default",
+    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> int:
+    """Hosts of the lab: address, profile, state, SSH."""
+    from provisioner.lab import fleet, render
+
+    st, rows, mirror_ok = fleet.status(lab)
+    if output_format is OutputFormat.json:
+        typer.echo(render.status_json(st, rows, mirror_ok))
+    else:
+        render.status_table(st, rows, mirror_ok)
+    return 0
+
+
+@lab_app.command("inventory")
+def lab_inventory(lab: LabOpt = "default") -> int:
+    """Write the lab's Ansible inventory; its path is the last line printed."""
+    from provisioner.lab import inventory, state
+
+    typer.echo(str(inventory.write(state.require(lab))))
+    return 0
+
+
+@lab_app.command("fault")
+def lab_fault(
+    host: Annotated[str, typer.Argument(help="Lab host (cp1, gpu1, ...).")],
+    kind: Annotated[
+        str,
+        typer.Argument(
+            help="ecc, xid, pcie, gpu-missing, remap-pending, remap-failure, install-fail, drain-block, "
+            "unreachable; or clear."
+        ),
+    ],
+    gpu: Annotated[int | None, typer.Option("--gpu", help="GPU index for GPU faults (default 0).")] = None,
+    xid: Annotated[
+        int | None, typer.Option("--xid", help="Xid number for the xid fault (default 79).")
+    ] = None,
+    lab: LabOpt = "default",
+) -> int:
+    """Inject a fault into a lab host, or clear its faults."""
+    from provisioner.lab import faults
+
+    now = faults.inject(lab, host, kind, gpu=gpu, xid=xid)
+    typer.echo(f"{host}: " + (", ".join(faults.describe(f) for f in now) or "no faults"))
+    return 0
+
+
 def main() -> None:
     """Console entry point: run the app and turn library errors into one line and an exit code."""
     try:
