@@ -290,7 +290,7 @@ Before=network.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/sbin/ip route replace default via {gateway} dev eth0
+ExecStart=/sbin/ip route replace default via {gateway}
 
 [Install]
 WantedBy=multi-user.target
@@ -482,7 +482,6 @@ def down(lab: str, progress: Progress = _quiet) -> DownReport:
             report.state_removed = True
         if docker is not None and not state.all_labs() and not _any_lab_objects(docker):
             report.engine_stopped = engine.stop_engine_if_idle(docker, progress)
-        mirror.prune(keep=set())
     return report
 
 

@@ -41,7 +41,5 @@ def reattach(st: LabState, h: HostSpec) -> None:
         "default",
         "via",
         st.gateway,
-        "dev",
-        "eth0",
         what=f"default route on {h.name}",
     )

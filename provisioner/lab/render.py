@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 
 from rich.console import Console
@@ -13,7 +14,7 @@ from provisioner.lab.state import LabState
 
 
 def status_table(st: LabState, rows: list[HostStatus], mirror_ok: bool) -> None:
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     table = Table(
         title=f"lab {st.name} ({st.subnet}, mirror {st.mirror_url} {'ok' if mirror_ok else 'DOWN'})"
     )
