@@ -1,0 +1,46 @@
+"""Fixtures shared by the whole suite; above all ``lab``: one local lab per test session.
+
+The lab is brought up once per session under a unique name (3 hosts: cp1, gpu1, gpu2) with the real CLI
+and taken down by a finalizer, also when tests fail. Tests that use it are lab tests (marked ``lab``).
+When the engine cannot run here the lab tests are skipped, unless ``GPUPROV_REQUIRE_LAB=1`` (set by
+scripts/test.sh and CI): then they fail loudly, so a broken lab never passes as "skipped".
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioner.lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    """A lab of 3 hosts (cp1, gpu1, gpu2) for the whole session; always taken down afterwards."""
+    require_lab()
+    name = unique_lab_name()
+    try:
+        up = gpuprov("lab", "up", "--lab", name, "--hosts", str(LAB_HOSTS))
+        if up.returncode != 0:
+            pytest.fail(
+                f"gpuprov lab up --lab {name} failed (rc {up.returncode}):\n{up.stderr}", pytrace=False
+            )
+        inv = gpuprov("lab", "inventory", "--lab", name)
+        if inv.returncode != 0:
+            pytest.fail(f"gpuprov lab inventory failed:\n{inv.stderr}", pytrace=False)
+        path = Path(inv.stdout.strip().splitlines()[-1])
+        yield lab_from_inventory(name, path)
+    finally:
+        down = gpuprov("lab", "down", "--lab", name)
+        if down.returncode != 0:
+            sys.stderr.write(f"gpuprov lab down --lab {name} failed:\n{down.stderr}\n")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the lab is a lab test, marked or not."""
+    for item in items:
+        if "lab" in getattr(item, "fixturenames", ()) and item.get_closest_marker("lab") is None:
+            item.add_marker(pytest.mark.lab)
