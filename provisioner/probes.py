@@ -1,0 +1,784 @@
+"""Read-only probes: what runs on a host, and pure parsers for what it prints.
+
+The probe set IS the host-snapshot contract (shared design: host-snapshot.md): a probe's name is
+the file `gpuprov snapshot` writes. Every probe for a host runs in ONE shell script over ONE
+channel, printing delimited sections (output, rc, timing, stderr), because each extra SSH channel
+is another session on the host and costs far more than the commands themselves.
+
+The remote side is POSIX sh with coreutils only: no bash-isms, no lspci/systemctl/journalctl/
+mokutil required (the real H200 host has none of them). Parsers take text and return plain data,
+raising ParseError on garbled or truncated input; they never touch a host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shlex
+import textwrap
+import tomllib
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# A probe that decides it does not apply here (no kubeconfig, no dcgmi, no such config file)
+# exits with this code and says why on stderr. It is "not applicable", not a failure.
+RC_NOT_APPLICABLE = 200
+
+
+class ParseError(ValueError):
+    """A probe's output could not be understood (garbled, truncated, unexpected format)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str  # the snapshot file name
+    body: str  # POSIX sh function body; stdout is the file's content
+    timeout_s: int = 20
+    summary: str = ""
+
+    @property
+    def command(self) -> str:
+        """The shell text recorded in a snapshot's meta.json (what produced the file)."""
+        return textwrap.dedent(self.body).strip()
+
+
+SERVICE_UNITS = ("nvidia-persistenced", "nvidia-fabricmanager", "docker", "containerd", "kubelet")
+# Process names that stand for each unit on hosts without systemd.
+SERVICE_PROCESSES = {
+    "nvidia-persistenced": "nvidia-persistenced",
+    "nvidia-fabricmanager": "nv-fabricmanager",
+    "docker": "dockerd",
+    "containerd": "containerd",
+    "kubelet": "kubelet",
+}
+
+_PCI_FROM_SYSFS = r"""
+    if command -v lspci >/dev/null 2>&1; then lspci -Dnn; return; fi
+    for d in /sys/bus/pci/devices/*; do
+      [ -r "$d/class" ] || continue
+      read c <"$d/class"; read v <"$d/vendor"; read i <"$d/device"; r=
+      [ -r "$d/revision" ] && read r <"$d/revision"
+      c=${c#0x}; c=${c%??}; v=${v#0x}; i=${i#0x}; r=${r#0x}
+      case $c in
+        0300) n="VGA compatible controller";; 0302) n="3D controller";; 0380) n="Display controller";;
+        0680) n="Bridge";; 0604) n="PCI bridge";; 0600) n="Host bridge";; 0601) n="ISA bridge";;
+        0200) n="Ethernet controller";; 0207) n="Infiniband controller";;
+        0108) n="Non-Volatile memory controller";;
+        0106) n="SATA controller";; 0100) n="SCSI storage controller";; 0c03) n="USB controller";;
+        *) n="Class $c";;
+      esac
+      case $v in 10de) vn="NVIDIA Corporation";; 8086) vn="Intel Corporation";;
+        15b3) vn="Mellanox Technologies";;
+        1af4) vn="Red Hat, Inc.";; 1022) vn="Advanced Micro Devices, Inc. [AMD]";; *) vn="Device";; esac
+      if [ -n "$r" ]; then
+        printf '%s %s [%s]: %s Device [%s:%s] (rev %s)\n' "${d##*/}" "$n" "$c" "$vn" "$v" "$i" "$r"
+      else
+        printf '%s %s [%s]: %s Device [%s:%s]\n' "${d##*/}" "$n" "$c" "$vn" "$v" "$i"
+      fi
+    done
+"""
+
+_SERVICES = r"""
+    if ! command -v systemctl >/dev/null 2>&1 || [ ! -d /run/systemd/system ]; then
+      echo "no systemd on this host (systemctl absent or not booted with systemd)" >&2; return 200
+    fi
+    U="nvidia-persistenced nvidia-fabricmanager docker containerd kubelet"
+    systemctl is-active $U 2>/dev/null |
+      for u in $U; do read s || s=unknown; printf '%s\t%s\n' "$u" "$s"; done
+"""
+
+_SERVICE_PROCESSES = r"""
+    C=$(cat /proc/[0-9]*/comm 2>/dev/null)
+    for p in nvidia-persistenced:nvidia-persistenced nvidia-fabricmanager:nv-fabricmanager docker:dockerd \
+             containerd:containerd kubelet:kubelet; do
+      case "
+$C
+" in *"
+${p#*:}
+"*) s=running;; *) s=not-running;; esac
+      printf '%s\t%s\n' "${p%%:*}" "$s"
+    done
+"""
+
+_KERNEL_LOG = r"""
+    if command -v journalctl >/dev/null 2>&1 &&
+       journalctl -k -b -n 1 -q --no-pager 2>/dev/null | grep -q .; then
+      t 60 journalctl -k -b --no-pager -o short-monotonic
+    else
+      t 30 dmesg
+    fi
+"""
+
+_SECUREBOOT = r"""
+    if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state; return; fi
+    if [ ! -d /sys/firmware/efi ]; then
+      echo "SecureBoot not applicable (legacy BIOS boot: no /sys/firmware/efi)"; return 0
+    fi
+    f=/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e98c0a5b8c0c
+    if [ ! -r "$f" ]; then echo "SecureBoot unknown (no SecureBoot EFI variable)"; return 0; fi
+    v=$(od -An -t u1 -j 4 -N 1 "$f" | tr -d ' ')
+    if [ "$v" = 1 ]; then echo "SecureBoot enabled"; else echo "SecureBoot disabled"; fi
+"""
+
+_CONTAINERD_DROPINS = r"""
+    found=
+    for f in /etc/containerd/conf.d/*.toml /etc/containerd/config.d/*.toml; do
+      [ -r "$f" ] || continue
+      found=1; printf '==> %s <==\n' "$f"; cat "$f"; echo
+    done
+    [ -n "$found" ] || { echo "no drop-in files in /etc/containerd/conf.d or config.d" >&2; return 200; }
+"""
+
+_KUBE_NODE = r"""
+    if [ -r /etc/kubernetes/admin.conf ]; then kc=/etc/kubernetes/admin.conf
+    elif [ -r /etc/kubernetes/kubelet.conf ]; then kc=/etc/kubernetes/kubelet.conf
+    else echo "not a Kubernetes node: no /etc/kubernetes/admin.conf or kubelet.conf" >&2; return 200; fi
+    command -v kubectl >/dev/null 2>&1 || {
+      echo "kubectl not found (kubeconfig $kc present)" >&2; return 127; }
+    read n </proc/sys/kernel/hostname; n=$(printf '%s' "$n" | tr 'A-Z' 'a-z')
+    t 30 kubectl --kubeconfig "$kc" --request-timeout=20s get node "$n" -o json
+"""
+
+_DCGM = r"""
+    command -v dcgmi >/dev/null 2>&1 || { echo "dcgmi not installed" >&2; return 200; }
+    t 300 dcgmi diag -r 1 -j
+"""
+
+_SMOKE = r"""
+    [ -n "$SMOKE_IMAGE" ] || { echo "no container.smoke_image configured" >&2; return 200; }
+    command -v docker >/dev/null 2>&1 || { echo "docker not installed" >&2; return 200; }
+    docker image inspect "$SMOKE_IMAGE" >/dev/null 2>&1 || {
+      echo "image $SMOKE_IMAGE is not present locally (pull it first; verify never pulls)" >&2; return 200; }
+    t 120 docker run --rm --gpus all "$SMOKE_IMAGE" nvidia-smi -L
+"""
+
+
+def _cat(path: str) -> str:
+    return f'[ -e {path} ] || {{ echo "{path}: absent" >&2; return 200; }}\ncat {path}'
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("os-release", "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release", 5, "/etc/os-release"),
+    Probe("uname-r", "uname -r", 5, "running kernel release"),
+    Probe("pci-devices.txt", _PCI_FROM_SYSFS, 20, "PCI devices, lspci -Dnn format"),
+    Probe("nvidia-smi-q.xml", "t 60 nvidia-smi -q -x", 70, "nvidia-smi -q -x"),
+    Probe("nvidia-smi-version.txt", "t 20 nvidia-smi --version", 25, "nvidia-smi --version (userspace)"),
+    Probe("proc-driver-nvidia-version", "cat /proc/driver/nvidia/version", 5, "kernel module version"),
+    Probe("sys-module-nvidia-version", "cat /sys/module/nvidia/version", 5, "loaded module version"),
+    Probe("kernel-log.txt", _KERNEL_LOG, 70, "kernel log of this boot (journalctl -k -b, else dmesg)"),
+    Probe("nvcc-version.txt", "t 20 /usr/local/cuda/bin/nvcc --version", 25, "nvcc of /usr/local/cuda"),
+    Probe(
+        "packages.tsv",
+        "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n'",
+        30,
+        "installed packages",
+    ),
+    # The same dpkg selection state `apt-mark showhold` reports, without loading the apt cache
+    # (apt-mark takes ~1 s of CPU per host; this takes ~10 ms).
+    Probe(
+        "apt-holds.txt", "dpkg --get-selections '*' | awk '$2 == \"hold\" {print $1}'", 20, "held packages"
+    ),
+    Probe("services.tsv", _SERVICES, 20, "systemctl is-active for the GPU stack's units"),
+    Probe("service-processes.tsv", _SERVICE_PROCESSES, 10, "the same units judged by running process"),
+    Probe("modules.txt", "cat /proc/modules", 5, "loaded kernel modules"),
+    Probe("secureboot.txt", _SECUREBOOT, 10, "Secure Boot state"),
+    Probe("docker-daemon.json", _cat("/etc/docker/daemon.json"), 5, "Docker daemon config"),
+    Probe("containerd-config.toml", _cat("/etc/containerd/config.toml"), 5, "containerd config"),
+    Probe("containerd-dropins.txt", _CONTAINERD_DROPINS, 5, "containerd drop-in configs"),
+    Probe("kube-node.json", _KUBE_NODE, 35, "this host's Kubernetes Node object"),
+    Probe("dcgmi-diag.json", _DCGM, 310, "DCGM diagnostic level 1"),
+    Probe("container-smoke.txt", _SMOKE, 130, "nvidia-smi -L in a container with --gpus all"),
+)
+PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in PROBES}
+# What `gpuprov snapshot` writes: every read-only probe. The DCGM diagnostic and the container smoke
+# test exercise the GPU (and the smoke test needs an image named by a policy), so a support snapshot
+# leaves them out; `verify` runs them.
+SNAPSHOT_PROBES: tuple[str, ...] = tuple(
+    p.name for p in PROBES if p.name not in ("container-smoke.txt", "dcgmi-diag.json")
+)
+
+
+# ------------------------------------------------------------------------------------ the script
+
+_PRELUDE = r"""
+PATH="$PATH:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LC_ALL=C; export PATH LC_ALL
+if command -v timeout >/dev/null 2>&1; then t() { timeout -k 3 "$@"; }; else t() { shift; "$@"; }; fi
+now() { if [ -n "${EPOCHREALTIME:-}" ]; then T=$EPOCHREALTIME; else read T _ </proc/uptime || T=0; fi; }
+exec 3>&1
+run() {
+  now; t0=$T
+  printf '@@%s B %s\n' "$K" "$1"
+  e=$("$2" 2>&1 1>&3 3>&- </dev/null)
+  r=$?
+  now
+  printf '\n@@%s E %s %s %s %s\n' "$K" "$1" "$r" "$t0" "$T"
+  [ -z "$e" ] || printf '@@%s S %s\n%s\n@@%s X %s\n' "$K" "$1" "$e" "$K" "$1"
+}
+"""
+
+
+def build_script(names: Sequence[str], token: str, smoke_image: str | None = None) -> str:
+    """One POSIX sh script that runs the named probes in order and prints delimited sections."""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", token):
+        raise ValueError("token must be hex")
+    parts = ["# gpuprov probes", f"K={token}", f"SMOKE_IMAGE={shlex.quote(smoke_image or '')}", _PRELUDE]
+    for i, name in enumerate(names):
+        probe = PROBES_BY_NAME[name]
+        parts.append(f"p{i}() {{\n{textwrap.indent(probe.command, '  ')}\n}}")
+        parts.append(f"run {name} p{i}")
+    return "\n".join(parts) + "\n"
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's outcome. `rc is None` means it was not collected (see `note`)."""
+
+    name: str
+    rc: int | None
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    note: str = ""
+
+    @property
+    def collected(self) -> bool:
+        return self.rc is not None
+
+    @property
+    def not_applicable(self) -> bool:
+        return self.rc == RC_NOT_APPLICABLE
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def reason(self) -> str:
+        """A one-line why for a probe that did not simply succeed."""
+        if self.rc is None:
+            return self.note or "not collected"
+        msg = first_line(self.stderr) or first_line(self.stdout)
+        if self.rc == RC_NOT_APPLICABLE:
+            return msg or "not applicable"
+        if self.rc == 124:
+            return "timed out" + (f": {msg}" if msg else "")
+        if self.rc == 127 and not msg:
+            return "command not found"
+        return f"exit {self.rc}" + (f": {msg}" if msg else "")
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+_MAX_STDERR = 4000
+
+
+def parse_script_output(text: str, token: str, names: Sequence[str]) -> dict[str, ProbeResult]:
+    """Split the script's stdout into per-probe results; probes cut short are 'not collected'."""
+    marker = re.compile(rf"@@{re.escape(token)} ([BESX]) (\S+)([^\n]*)\n?")
+    results: dict[str, ProbeResult] = {}
+    begun: dict[str, int] = {}
+    pending: dict[str, ProbeResult] = {}
+    stderr_start: dict[str, int] = {}
+    for m in marker.finditer(text):
+        kind, name, rest = m.group(1), m.group(2), m.group(3)
+        if kind == "B":
+            begun[name] = m.end()
+        elif kind == "E" and name in begun:
+            body_end = m.start() - 1 if m.start() > 0 and text[m.start() - 1] == "\n" else m.start()
+            body = text[begun[name] : max(begun[name], body_end)]
+            fields = rest.split()
+            try:
+                rc = int(fields[0])
+                duration = max(0.0, float(fields[2]) - float(fields[1])) if len(fields) >= 3 else 0.0
+            except (ValueError, IndexError):
+                continue
+            pending[name] = ProbeResult(name, rc, body, "", round(duration, 3))
+        elif kind == "S":
+            stderr_start[name] = m.end()
+        elif kind == "X" and name in stderr_start and name in pending:
+            err = text[stderr_start[name] : m.start()].rstrip("\n")
+            p = pending[name]
+            pending[name] = ProbeResult(p.name, p.rc, p.stdout, err[:_MAX_STDERR], p.duration_s)
+    for name in names:
+        if name in pending:
+            results[name] = pending[name]
+        elif name in begun:
+            results[name] = ProbeResult(name, None, note="output cut short while this probe ran")
+        else:
+            results[name] = ProbeResult(name, None, note="not run: the probe script ended early")
+    return results
+
+
+# ----------------------------------------------------------------------------------------- parsers
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        try:
+            parts = shlex.split(value)
+        except ValueError as exc:
+            raise ParseError(f"os-release: bad line {line!r}") from exc
+        out[key.strip()] = parts[0] if parts else ""
+    if "ID" not in out:
+        raise ParseError("os-release: no ID= line")
+    return out
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str  # 0000:00:06.0 (lowercase)
+    class_code: str  # 4 hex digits, e.g. 0302
+    vendor: str  # 10de
+    device: str  # 2335
+    description: str
+
+    @property
+    def is_nvidia_gpu(self) -> bool:
+        return self.vendor == "10de" and self.class_code in ("0300", "0302")
+
+    @property
+    def is_nvswitch(self) -> bool:
+        return self.vendor == "10de" and self.class_code == "0680"
+
+
+_PCI_LINE = re.compile(
+    r"^(?P<addr>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(?P<cname>.*?)\s*"
+    r"\[(?P<cls>[0-9a-fA-F]{4})\]:\s*(?P<rest>.*)$"
+)
+_PCI_IDS = re.compile(r"\[([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\]")
+
+
+def parse_pci_devices(text: str) -> list[PciDevice]:
+    devices: list[PciDevice] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        m = _PCI_LINE.match(line.strip())
+        ids = _PCI_IDS.findall(m.group("rest")) if m else []
+        if not m or not ids:
+            raise ParseError(f"pci-devices.txt line {n}: not in lspci -Dnn format: {line.strip()[:80]!r}")
+        vendor, device = ids[-1]
+        devices.append(
+            PciDevice(
+                address=normalize_bus_id(m.group("addr")),
+                class_code=m.group("cls").lower(),
+                vendor=vendor.lower(),
+                device=device.lower(),
+                description=line.strip(),
+            )
+        )
+    return devices
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """'00000000:00:06.0' (nvidia-smi) and '0000:00:06.0' (lspci) name the same device."""
+    bus_id = bus_id.strip().lower()
+    domain, _, rest = bus_id.partition(":")
+    if not rest:
+        return bus_id
+    return f"{int(domain, 16):04x}:{rest}" if re.fullmatch(r"[0-9a-f]+", domain) else bus_id
+
+
+@dataclass
+class SmiGpu:
+    index: int
+    bus_id: str
+    name: str = ""
+    uuid: str = ""
+    persistence: str | None = None  # Enabled / Disabled
+    ecc_current: str | None = None  # Enabled / Disabled / N/A
+    ecc_pending: str | None = None
+    ecc_volatile_uncorrectable: int | None = None
+    ecc_volatile_correctable: int | None = None
+    retired_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    remap_uncorrectable: int | None = None
+    unrepairable_memory: bool | None = None
+    repair_pending: list[str] = field(default_factory=list)
+    link_gen_current: int | None = None
+    link_gen_max: int | None = None
+    link_width_current: int | None = None
+    link_width_max: int | None = None
+    performance_state: str | None = None
+    event_reasons: dict[str, bool] = field(default_factory=dict)
+    mig_mode: str | None = None
+
+
+@dataclass
+class SmiLog:
+    driver_version: str | None
+    cuda_version: str | None
+    attached_gpus: int | None
+    gpus: list[SmiGpu]
+
+
+def _text(el: ET.Element | None, path: str) -> str | None:
+    if el is None:
+        return None
+    found = el.find(path)
+    if found is None or found.text is None:
+        return None
+    value = found.text.strip()
+    return value or None
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    m = re.match(r"^\s*(\d+)", value)
+    return int(m.group(1)) if m else None
+
+
+def _yes(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v in ("yes", "true", "active", "enabled"):
+        return True
+    if v in ("no", "false", "not active", "disabled", "none"):
+        return False
+    return None
+
+
+def _volatile_uncorrectable(volatile: ET.Element | None) -> tuple[int | None, int | None]:
+    """(uncorrectable, correctable) volatile ECC counts across driver generations' layouts."""
+    if volatile is None:
+        return None, None
+    double = volatile.find("double_bit")
+    if double is not None:  # older drivers: single_bit/double_bit with a total each
+        return _int(_text(double, "total")), _int(_text(volatile.find("single_bit"), "total"))
+    unc: int | None = None
+    cor: int | None = None
+    for child in volatile:
+        value = _int(child.text)
+        if value is None:
+            continue
+        if "uncorrectable" in child.tag:
+            unc = (unc or 0) + value
+        elif "correctable" in child.tag:
+            cor = (cor or 0) + value
+    return unc, cor
+
+
+def parse_nvidia_smi_xml(text: str) -> SmiLog:
+    if not text.strip():
+        raise ParseError("nvidia-smi -q -x printed nothing")
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise ParseError(f"nvidia-smi -q -x output is not well-formed XML (truncated?): {exc}") from exc
+    if root.tag != "nvidia_smi_log":
+        raise ParseError(f"nvidia-smi -q -x: unexpected root element <{root.tag}>")
+    gpus: list[SmiGpu] = []
+    for index, g in enumerate(root.findall("gpu")):
+        bus = g.get("id") or _text(g, "pci/pci_bus_id")
+        if not bus:
+            raise ParseError(f"nvidia-smi -q -x: GPU {index} has no PCI bus id")
+        gpu = SmiGpu(index=index, bus_id=normalize_bus_id(bus))
+        gpu.name = _text(g, "product_name") or ""
+        gpu.uuid = _text(g, "uuid") or ""
+        gpu.persistence = _text(g, "persistence_mode")
+        gpu.ecc_current = _text(g, "ecc_mode/current_ecc")
+        gpu.ecc_pending = _text(g, "ecc_mode/pending_ecc")
+        gpu.ecc_volatile_uncorrectable, gpu.ecc_volatile_correctable = _volatile_uncorrectable(
+            g.find("ecc_errors/volatile")
+        )
+        gpu.retired_pending = _yes(_text(g, "retired_pages/pending_retirement"))
+        gpu.remap_pending = _yes(_text(g, "remapped_rows/remapped_row_pending"))
+        gpu.remap_failure = _yes(_text(g, "remapped_rows/remapped_row_failure"))
+        gpu.remap_uncorrectable = _int(_text(g, "remapped_rows/remapped_row_unc"))
+        gpu.unrepairable_memory = _yes(_text(g, "ecc_errors/unrepairable_memory"))
+        gpu.repair_pending = [
+            tag.replace("_repair_pending", "")
+            for tag in ("channel_repair_pending", "tpc_repair_pending")
+            if _yes(_text(g, f"ecc_errors/{tag}"))
+        ]
+        link = g.find("pci/pci_gpu_link_info")
+        gpu.link_gen_current = _int(_text(link, "pcie_gen/current_link_gen"))
+        gpu.link_gen_max = _int(_text(link, "pcie_gen/max_link_gen"))
+        gpu.link_width_current = _int(_text(link, "link_widths/current_link_width"))
+        gpu.link_width_max = _int(_text(link, "link_widths/max_link_width"))
+        gpu.performance_state = _text(g, "performance_state")
+        gpu.mig_mode = _text(g, "mig_mode/current_mig")
+        for container, prefix in (
+            ("clocks_event_reasons", "clocks_event_reason_"),
+            ("clocks_throttle_reasons", "clocks_throttle_reason_"),
+        ):
+            reasons = g.find(container)
+            if reasons is None:
+                continue
+            for child in reasons:
+                state = _yes(child.text)
+                if state is not None:
+                    gpu.event_reasons[child.tag.removeprefix(prefix)] = state
+        gpus.append(gpu)
+    attached = _int(_text(root, "attached_gpus"))
+    return SmiLog(_text(root, "driver_version"), _text(root, "cuda_version"), attached, gpus)
+
+
+@dataclass(frozen=True)
+class KernelDriver:
+    version: str
+    open_modules: bool | None  # True: "Open Kernel Module"; False: proprietary
+    line: str
+
+
+_NVRM_VERSION = re.compile(
+    r"NVRM version:.*?(?P<open>Open )?Kernel Module\b.*?\s(?P<ver>\d+\.\d+(?:\.\d+)?)\s"
+)
+
+
+def parse_driver_proc(text: str) -> KernelDriver:
+    line = first_line(text, 400)
+    m = _NVRM_VERSION.search(line + " ")
+    if not m:
+        raise ParseError(f"/proc/driver/nvidia/version: no 'NVRM version' line: {line[:80]!r}")
+    return KernelDriver(m.group("ver"), m.group("open") is not None, line)
+
+
+_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
+
+
+def parse_module_version(text: str) -> str:
+    value = text.strip()
+    if not _VERSION.match(value):
+        raise ParseError(f"/sys/module/nvidia/version: not a version: {value[:40]!r}")
+    return value
+
+
+def parse_smi_version(text: str) -> dict[str, str]:
+    """`nvidia-smi --version`: 'NVIDIA-SMI version : 580.159.04', 'NVML version : 580.159', ..."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            out[key.strip().lower()] = value.strip()
+    if "nvidia-smi version" not in out:
+        raise ParseError(f"nvidia-smi --version: no 'NVIDIA-SMI version' line: {first_line(text)!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    xid: int
+    pci: str  # as printed: 0000:00:06 (domain:bus:device, no function) or with function
+    message: str
+    line: str
+
+
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)\): "
+    r"(?P<xid>\d+)\s*,?\s*(?P<msg>.*)$"
+)
+_FALLEN = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d)")
+
+
+def parse_kernel_log(text: str) -> list[XidEvent]:
+    """NVRM Xid events of this boot. A 'GPU ... has fallen off the bus' report without an Xid
+    line (newer drivers print it over several lines) counts as Xid 79."""
+    events: list[XidEvent] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "NVRM" not in line:
+            continue
+        m = _XID.search(line)
+        if m:
+            events.append(XidEvent(int(m.group("xid")), m.group("pci").lower(), m.group("msg").strip(), line))
+            continue
+        f = _FALLEN.search(line)
+        if f:
+            window = " ".join(lines[i : i + 4])
+            if "fallen off the bus" in window:
+                events.append(XidEvent(79, f.group("pci").lower(), "GPU has fallen off the bus", line))
+    return events
+
+
+@dataclass(frozen=True)
+class CudaToolkit:
+    release: str  # 13.0
+    version: str  # 13.0.88
+
+
+_NVCC = re.compile(r"release (?P<rel>\d+\.\d+), V(?P<ver>\d+\.\d+(?:\.\d+)?)")
+
+
+def parse_nvcc(text: str) -> CudaToolkit:
+    m = _NVCC.search(text)
+    if not m:
+        raise ParseError(f"nvcc --version: no 'release X.Y, VX.Y.Z': {first_line(text)!r}")
+    return CudaToolkit(m.group("rel"), m.group("ver"))
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    status: str  # dpkg's db:Status-Abbrev, e.g. "ii ", "hi "
+
+    @property
+    def installed(self) -> bool:
+        return len(self.status) >= 2 and self.status[1] in "iWt"
+
+    @property
+    def held(self) -> bool:
+        return self.status[:1] == "h"
+
+
+def parse_packages(text: str) -> dict[str, Package]:
+    pkgs: dict[str, Package] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) < 3 or not parts[0]:
+            raise ParseError(f"packages.tsv line {n}: expected package<TAB>version<TAB>status: {line[:80]!r}")
+        name = parts[0].strip()
+        pkgs[name] = Package(name, parts[1].strip(), parts[2])
+    return pkgs
+
+
+def parse_holds(text: str) -> set[str]:
+    held: set[str] = set()
+    for line in text.splitlines():
+        name = line.strip()
+        if not name:
+            continue
+        if " " in name or "\t" in name:
+            raise ParseError(f"apt-holds.txt: not a package name: {name[:60]!r}")
+        held.add(name.split(":", 1)[0])
+    return held
+
+
+def parse_tsv_states(text: str, probe: str) -> dict[str, str]:
+    states: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        unit, sep, state = line.partition("\t")
+        if not sep or not unit.strip():
+            raise ParseError(f"{probe} line {n}: expected unit<TAB>state: {line[:80]!r}")
+        states[unit.strip()] = state.strip()
+    return states
+
+
+def parse_modules(text: str) -> dict[str, str]:
+    """/proc/modules: name → state (Live/Loading/Unloading)."""
+    mods: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) < 5:
+            raise ParseError(f"modules.txt line {n}: not /proc/modules format: {line[:80]!r}")
+        mods[parts[0]] = parts[4]
+    return mods
+
+
+def parse_secureboot(text: str) -> str:
+    """enabled | disabled | not-applicable | unknown."""
+    t = text.lower()
+    if "not applicable" in t or "efi variables are not supported" in t or "doesn't support secure boot" in t:
+        return "not-applicable"
+    if "secureboot enabled" in t:
+        return "enabled"
+    if "secureboot disabled" in t:
+        return "disabled"
+    return "unknown"
+
+
+def parse_json_object(text: str, probe: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ParseError(f"{probe}: not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ParseError(f"{probe}: expected a JSON object")
+    return value
+
+
+def parse_toml(text: str, probe: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ParseError(f"{probe}: not valid TOML: {exc}") from exc
+
+
+def parse_dropins(text: str) -> dict[str, dict[str, Any]]:
+    """containerd-dropins.txt: '==> PATH <==' headers, each followed by one TOML file."""
+    files: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        m = re.match(r"^==> (.+) <==$", line)
+        if m:
+            current = m.group(1)
+            files[current] = []
+        elif current is not None:
+            files[current].append(line)
+        elif line.strip():
+            raise ParseError("containerd-dropins.txt: content before the first '==> file <==' header")
+    return {path: parse_toml("\n".join(lines), f"containerd drop-in {path}") for path, lines in files.items()}
+
+
+@dataclass(frozen=True)
+class DiagResult:
+    test: str
+    status: str  # pass | warn | fail | skip
+    gpu: int | None
+    info: str
+
+
+def parse_dcgm_diag(text: str) -> list[DiagResult]:
+    """`dcgmi diag -r 1 -j`: {"DCGM GPU Diagnostic" | "DCGM Diagnostic": {"test_categories": [...]}}."""
+    start = text.find("{")
+    if start < 0:
+        raise ParseError(f"dcgmi diag: no JSON in output: {first_line(text)!r}")
+    doc = parse_json_object(text[start:], "dcgmi diag")
+    body = next((v for v in doc.values() if isinstance(v, dict) and "test_categories" in v), None)
+    if body is None:
+        raise ParseError("dcgmi diag: no test_categories in the JSON")
+    out: list[DiagResult] = []
+    for cat in body.get("test_categories") or []:
+        for test in (cat or {}).get("tests") or []:
+            name = str(test.get("name", "?"))
+            for res in test.get("results") or []:
+                raw = str(res.get("status", "")).strip().lower()
+                status = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn"}.get(raw, "skip")
+                gpu = res.get("gpu_id", res.get("entity_id"))
+                info = res.get("info") or res.get("warnings") or ""
+                if isinstance(info, list):
+                    info = "; ".join(
+                        str(i.get("warning", i)) if isinstance(i, dict) else str(i) for i in info
+                    )
+                out.append(DiagResult(name, status, int(gpu) if str(gpu).isdigit() else None, str(info)))
+    return out
+
+
+def parse_smoke(text: str) -> list[str]:
+    gpus = [line.strip() for line in text.splitlines() if re.match(r"^\s*GPU \d+:", line)]
+    if not gpus:
+        raise ParseError(f"container nvidia-smi -L listed no GPU: {first_line(text)!r}")
+    return gpus
+
+
+def nvidia_gpus(devices: Iterable[PciDevice]) -> list[PciDevice]:
+    """NVIDIA GPUs on the PCI bus, in bus order (the order nvidia-smi numbers them)."""
+    return sorted((d for d in devices if d.is_nvidia_gpu), key=lambda d: d.address)
