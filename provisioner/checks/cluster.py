@@ -1,0 +1,158 @@
+"""Kubernetes node state, DCGM diagnostics and the container smoke test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioner.checks.facts import HostFacts
+from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
+from provisioner.policy import Expectations
+from provisioner.probes import parse_dcgm_diag, parse_json_object, parse_smoke
+
+KUBE = "kube-node.json"
+
+
+def _node(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
+    res = facts.result(KUBE)
+    if res.not_applicable:
+        if exp.k8s_node:
+            raise Unavailable(FAIL, f"expected a Kubernetes node ({exp.source('k8s.node')}): {res.reason()}")
+        raise Unavailable(SKIP, res.reason())
+    if not res.ok:
+        text = res.stderr + res.stdout
+        if "NotFound" in text or ("not found" in text and "nodes" in text):
+            raise Unavailable(FAIL, f"this host is not registered as a node: {res.reason()}")
+        raise Unavailable(ERROR, f"kubectl get node failed: {res.reason()}")
+    node = facts.parsed("kube-node", lambda: parse_json_object(res.stdout, KUBE))
+    if node.get("kind") != "Node":
+        raise Unavailable(ERROR, f"{KUBE}: not a Node object (kind {node.get('kind')!r})")
+    return node
+
+
+@check("k8s.node_ready", probes=(KUBE,), severity="high", summary="the host's Kubernetes node is Ready")
+def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    node = _node(facts, exp)
+    name = (node.get("metadata") or {}).get("name", "?")
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
+    cordoned = " (cordoned)" if (node.get("spec") or {}).get("unschedulable") else ""
+    if ready is None:
+        return [outcome(ERROR, f"node {name}: no Ready condition reported")]
+    if ready.get("status") == "True":
+        return [outcome(PASS, f"node {name} Ready{cordoned}", node=name, cordoned=bool(cordoned))]
+    why = ready.get("reason") or ""
+    msg = ready.get("message") or ""
+    return [outcome(FAIL, f"node {name} not Ready ({ready.get('status')}): {why} {msg}".strip(), node=name)]
+
+
+@check(
+    "k8s.gpu_allocatable",
+    probes=(KUBE, "pci-devices.txt", "nvidia-smi-q.xml"),
+    severity="high",
+    summary="allocatable nvidia.com/gpu = GPU count",
+)
+def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    node = _node(facts, exp)
+    name = (node.get("metadata") or {}).get("name", "?")
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    gpus = len(facts.pci_gpus())
+    raw = allocatable.get("nvidia.com/gpu")
+    if gpus == 0:
+        if raw in (None, "0"):
+            raise Unavailable(SKIP, f"node {name} has no GPU")
+        return [outcome(FAIL, f"node {name} advertises nvidia.com/gpu={raw} but has no GPU on the PCI bus")]
+    try:
+        if any(g.mig_mode == "Enabled" for g in facts.smi().gpus):
+            mig = {k: v for k, v in allocatable.items() if k.startswith("nvidia.com/mig-")}
+            return [
+                outcome(
+                    SKIP,
+                    f"MIG enabled: node {name} advertises {mig or 'no MIG devices'}; "
+                    "nvidia.com/gpu is not comparable to the GPU count",
+                )
+            ]
+    except Unavailable:
+        pass
+    if raw is None:
+        return [
+            outcome(
+                FAIL,
+                f"node {name} advertises no nvidia.com/gpu ({gpus} GPU(s) on the host): device "
+                "plugin not running?",
+                expected=gpus,
+            )
+        ]
+    try:
+        count = int(str(raw))
+    except ValueError:
+        return [outcome(ERROR, f"node {name}: allocatable nvidia.com/gpu={raw!r} is not a number")]
+    if count != gpus:
+        return [
+            outcome(
+                FAIL,
+                f"node {name} advertises nvidia.com/gpu={count}, host has {gpus} GPU(s)",
+                allocatable=count,
+                expected=gpus,
+            )
+        ]
+    return [outcome(PASS, f"node {name} advertises nvidia.com/gpu={count}", allocatable=count)]
+
+
+@check(
+    "dcgm.diag",
+    probes=("dcgmi-diag.json",),
+    severity="high",
+    summary="DCGM diagnostic level 1 passes (where dcgmi is installed)",
+)
+def dcgm_diag(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    if not exp.dcgm_diag:
+        return [outcome(SKIP, f"disabled by policy ({exp.source('dcgm.diag')})")]
+    res = facts.result("dcgmi-diag.json")
+    if res.not_applicable:
+        return [outcome(SKIP, res.reason())]
+    try:
+        results = facts.parsed("dcgm", lambda: parse_dcgm_diag(res.stdout))
+    except Unavailable:
+        if not res.ok:
+            raise Unavailable(ERROR, f"dcgmi diag failed: {res.reason()}") from None
+        raise
+    findings: list[Finding] = []
+    for r in results:
+        if r.status in (FAIL, WARN):
+            who = f"GPU {r.gpu}: " if r.gpu is not None else ""
+            findings.append(
+                outcome(
+                    r.status,
+                    f"{who}{r.test}: {r.status}" + (f" ({r.info[:160]})" if r.info else ""),
+                    gpu=r.gpu,
+                )
+            )
+    if findings:
+        return findings
+    if not results:
+        return [outcome(ERROR, "dcgmi diag reported no test results")]
+    return [outcome(PASS, f"DCGM level 1: {sum(r.status == PASS for r in results)} results passed")]
+
+
+@check(
+    "container.smoke",
+    probes=("container-smoke.txt",),
+    severity="high",
+    summary="a container sees the GPUs (docker run --gpus all IMAGE nvidia-smi -L)",
+)
+def container_smoke(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    if not exp.container_smoke_image:
+        return [outcome(SKIP, "no container.smoke_image configured in the policy")]
+    res = facts.result("container-smoke.txt")
+    if res.not_applicable:
+        return [outcome(SKIP, res.reason())]
+    if not res.ok:
+        return [outcome(FAIL, f"docker run --gpus all {exp.container_smoke_image} failed: {res.reason()}")]
+    listed = facts.parsed("smoke", lambda: parse_smoke(res.stdout))
+    try:
+        gpus = len(facts.pci_gpus())
+    except Unavailable:
+        gpus = len(listed)
+    if len(listed) != gpus:
+        return [outcome(FAIL, f"the container sees {len(listed)} GPU(s), the host has {gpus}")]
+    return [outcome(PASS, f"the container sees {len(listed)} GPU(s) ({exp.container_smoke_image})")]

@@ -1,0 +1,195 @@
+"""The NVIDIA driver: loaded and answering, the expected version, userspace matching the module."""
+
+from __future__ import annotations
+
+from provisioner.checks.facts import HostFacts
+from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
+from provisioner.policy import Expectations
+
+SMI = "nvidia-smi-q.xml"
+PROC = "proc-driver-nvidia-version"
+
+
+def _gpu_expected(facts: HostFacts) -> None:
+    """Skip driver checks on a host with no GPU; carry on when the PCI list itself is unreadable."""
+    try:
+        facts.require_gpu()
+    except Unavailable as exc:
+        if exc.status == SKIP:
+            raise
+
+
+@check(
+    "driver.loaded",
+    probes=(PROC, SMI, "modules.txt", "pci-devices.txt"),
+    severity="critical",
+    summary="NVIDIA kernel module loaded and nvidia-smi answers",
+)
+def driver_loaded(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    _gpu_expected(facts)
+    problems: list[str] = []
+    module = None
+    try:
+        module = facts.kernel_driver()
+    except Unavailable as exc:
+        if exc.status == ERROR:
+            raise
+        problems.append("NVIDIA kernel module not loaded (no /proc/driver/nvidia/version)")
+        try:
+            mods = facts.results.get("modules.txt")
+            if (
+                mods is not None
+                and mods.ok
+                and any(line.startswith("nouveau ") for line in mods.stdout.splitlines())
+            ):
+                problems.append("nouveau is loaded")
+        except Unavailable:
+            pass
+    res = facts.smi_result()
+    if res.rc == 127:
+        problems.append("nvidia-smi not found")
+    elif facts.smi_no_devices():
+        if module is not None:
+            return [
+                outcome(
+                    PASS,
+                    f"kernel module {module.version} loaded, but the driver sees no GPU (see gpu.count)",
+                    version=module.version,
+                )
+            ]
+    elif not res.ok:
+        problems.append(f"nvidia-smi failed: {res.reason()}")
+    if problems:
+        return [outcome(FAIL, "; ".join(problems))]
+    assert module is not None
+    flavour = "open" if module.open_modules else "proprietary" if module.open_modules is False else "NVIDIA"
+    return [
+        outcome(
+            PASS,
+            f"{flavour} kernel module {module.version} loaded; nvidia-smi answers",
+            version=module.version,
+            open_modules=module.open_modules,
+        )
+    ]
+
+
+def installed_version(facts: HostFacts) -> str:
+    """The running driver's version: from nvidia-smi, else from the kernel module."""
+    try:
+        version = facts.smi().driver_version
+        if version:
+            return version
+    except Unavailable:
+        pass
+    try:
+        return facts.kernel_driver().version
+    except Unavailable as exc:
+        raise Unavailable(SKIP, f"driver not loaded (see driver.loaded): {exc.reason}") from None
+
+
+def version_matches(actual: str, expected: str) -> bool:
+    """'580' is a branch (any 580.x); '580.159' and '580.159.04' compare component by component."""
+    want = expected.split(".")
+    have = actual.split(".")
+    return have[: len(want)] == want
+
+
+@check(
+    "driver.version",
+    probes=(SMI, PROC, "pci-devices.txt"),
+    severity="high",
+    summary="driver version = policy (exact, or branch like 580)",
+)
+def driver_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    _gpu_expected(facts)
+    actual = installed_version(facts)
+    if exp.driver_version is None:
+        return [
+            outcome(
+                SKIP,
+                f"driver {actual} installed; no expected version set (driver.version in a policy)",
+                installed=actual,
+            )
+        ]
+    kind = "branch" if "." not in exp.driver_version else "version"
+    where = exp.source("driver.version")
+    if version_matches(actual, exp.driver_version):
+        return [
+            outcome(
+                PASS,
+                f"driver {actual} matches expected {kind} {exp.driver_version} ({where})",
+                installed=actual,
+                expected=exp.driver_version,
+            )
+        ]
+    return [
+        outcome(
+            FAIL,
+            f"driver {actual} installed, expected {kind} {exp.driver_version} ({where})",
+            installed=actual,
+            expected=exp.driver_version,
+        )
+    ]
+
+
+@check(
+    "driver.userspace_match",
+    probes=(PROC, "sys-module-nvidia-version", "nvidia-smi-version.txt", SMI, "pci-devices.txt"),
+    severity="high",
+    summary="kernel module version = userspace (nvidia-smi/NVML) version",
+)
+def driver_userspace_match(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    _gpu_expected(facts)
+    try:
+        kernel = facts.kernel_driver().version
+    except Unavailable as exc:
+        if exc.status == ERROR:
+            raise
+        try:
+            kernel = facts.module_version()
+        except Unavailable:
+            raise Unavailable(SKIP, "NVIDIA kernel module not loaded (see driver.loaded)") from None
+    smi = facts.results.get(SMI)
+    text = (smi.stdout + "\n" + smi.stderr) if smi is not None else ""
+    if "version mismatch" in text.lower():
+        lib = next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in text.splitlines()
+                if ln.lower().startswith("nvml library version")
+            ),
+            "?",
+        )
+        return [
+            outcome(
+                FAIL,
+                f"kernel module {kernel}, NVML library {lib}: driver/library version mismatch "
+                "(reboot or reload the module after a driver upgrade)",
+                kernel=kernel,
+                nvml=lib,
+            )
+        ]
+    try:
+        versions = facts.smi_version()
+    except Unavailable as version_exc:
+        # Older nvidia-smi lacks --version; NVML initialising at all means library and module agree.
+        try:
+            reported = facts.smi().driver_version
+        except Unavailable:
+            raise Unavailable(version_exc.status, version_exc.reason) from None
+        if reported and reported == kernel:
+            return [outcome(PASS, f"NVML initialised against kernel module {kernel}", kernel=kernel)]
+        raise Unavailable(version_exc.status, version_exc.reason) from None
+    user = versions.get("nvidia-smi version", "")
+    nvml = versions.get("nvml version", "")
+    if user != kernel or (nvml and not version_matches(kernel, nvml)):
+        return [
+            outcome(
+                FAIL,
+                f"kernel module {kernel}, userspace nvidia-smi {user}" + (f" / NVML {nvml}" if nvml else ""),
+                kernel=kernel,
+                userspace=user,
+                nvml=nvml,
+            )
+        ]
+    return [outcome(PASS, f"kernel module and userspace both {kernel}", kernel=kernel, userspace=user)]

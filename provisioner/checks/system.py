@@ -1,0 +1,266 @@
+"""The software around the GPU: OS, CUDA toolkit, held packages, services, container runtimes."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from provisioner.checks.facts import HostFacts
+from provisioner.checks.model import FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
+from provisioner.policy import Expectations
+
+
+@check("os.supported", probes=("os-release",), severity="high", summary="OS and version in the supported set")
+def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    osr = facts.os_release()
+    ident = osr.get("ID", "").lower()
+    version = osr.get("VERSION_ID", "")
+    pretty = osr.get("PRETTY_NAME") or f"{ident} {version}"
+    name = f"{ident} {version}".strip()
+    for allowed in exp.os_supported:
+        a_id, _, a_ver = allowed.partition(" ")
+        if ident == a_id and (version == a_ver or version.startswith(a_ver + ".")):
+            return [outcome(PASS, f"{pretty} is supported", os=name)]
+    return [
+        outcome(
+            FAIL,
+            f"{pretty} ({name}) is not supported (supported: {', '.join(exp.os_supported)}; "
+            f"{exp.source('os.supported')})",
+            os=name,
+        )
+    ]
+
+
+@check(
+    "cuda.version",
+    probes=("nvcc-version.txt", "packages.tsv"),
+    severity="medium",
+    summary="CUDA toolkit at /usr/local/cuda present and = policy",
+)
+def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    toolkit = facts.cuda()
+    want = exp.cuda_version
+    if toolkit is None:
+        if want is not None:
+            return [
+                outcome(
+                    FAIL,
+                    f"no CUDA toolkit at /usr/local/cuda (no nvcc), expected {want} "
+                    f"({exp.source('cuda.version')})",
+                    expected=want,
+                )
+            ]
+        try:
+            toolkits = sorted(p for p in facts.installed() if p.startswith("cuda-toolkit-"))
+        except Unavailable:
+            toolkits = []
+        if toolkits:
+            return [outcome(FAIL, f"{', '.join(toolkits)} installed but /usr/local/cuda/bin/nvcc is missing")]
+        return [outcome(SKIP, "no CUDA toolkit at /usr/local/cuda, and none expected (cuda.version)")]
+    if want is None:
+        return [
+            outcome(
+                PASS,
+                f"CUDA {toolkit.release} (nvcc {toolkit.version}) at /usr/local/cuda; no expected "
+                "version set",
+                release=toolkit.release,
+            )
+        ]
+    have = toolkit.version if want.count(".") >= 2 else toolkit.release
+    if have.split(".")[: len(want.split("."))] == want.split("."):
+        return [
+            outcome(
+                PASS,
+                f"CUDA {toolkit.release} (nvcc {toolkit.version}) at /usr/local/cuda, as expected "
+                f"({exp.source('cuda.version')})",
+                release=toolkit.release,
+            )
+        ]
+    return [
+        outcome(
+            FAIL,
+            f"CUDA {toolkit.release} (nvcc {toolkit.version}) at /usr/local/cuda, expected {want} "
+            f"({exp.source('cuda.version')})",
+            release=toolkit.release,
+            expected=want,
+        )
+    ]
+
+
+# Kubernetes' own install guide holds these; the kubernetes role pins and holds them.
+_K8S_HELD = ("kubeadm", "kubelet", "kubectl")
+
+
+@check(
+    "packages.held",
+    probes=("apt-holds.txt", "packages.tsv"),
+    severity="medium",
+    summary="packages that must not move on apt upgrade are held",
+)
+def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    holds = facts.holds()
+    installed = facts.installed()
+    if exp.packages_held is None:
+        # A Kubernetes node (kubelet installed) keeps its Kubernetes packages held, as Kubernetes'
+        # install guide and the kubernetes role do; nothing else can be assumed.
+        wanted = tuple(p for p in _K8S_HELD if p in installed) if "kubelet" in installed else ()
+        where = "default: Kubernetes packages on a node"
+        if not wanted:
+            held = ", ".join(sorted(holds)) or "none"
+            return [outcome(SKIP, f"no expected holds (packages.held in a policy); held now: {held}")]
+    else:
+        wanted = exp.packages_held
+        where = exp.source("packages.held")
+    not_held: list[str] = []
+    absent: list[str] = []
+    for pattern in wanted:
+        matches = sorted(p for p in installed if fnmatch.fnmatchcase(p, pattern))
+        if not matches:
+            absent.append(pattern)
+            continue
+        not_held += [p for p in matches if p not in holds]
+    findings: list[Finding] = []
+    if not_held:
+        findings.append(outcome(FAIL, f"not held: {', '.join(not_held)} ({where})", not_held=not_held))
+    if absent:
+        findings.append(
+            outcome(WARN, f"expected held but not installed: {', '.join(absent)} ({where})", absent=absent)
+        )
+    return findings or [outcome(PASS, f"held: {', '.join(wanted)} ({where})")]
+
+
+def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
+    installed = facts.installed()
+    wanted: list[str] = []
+    if "nvidia-persistenced" in installed or any(p.startswith("nvidia-compute-utils-") for p in installed):
+        wanted.append("nvidia-persistenced")
+    try:
+        nvswitch = bool(facts.nvswitches())
+    except Unavailable:
+        nvswitch = False
+    if nvswitch or any(p.startswith("nvidia-fabricmanager") for p in installed):
+        wanted.append("nvidia-fabricmanager")
+    if installed & {"docker.io", "docker-ce"}:
+        wanted.append("docker")
+    if installed & {"containerd", "containerd.io"}:
+        wanted.append("containerd")
+    kube = facts.results.get("kube-node.json")
+    if "kubelet" in installed and kube is not None and kube.collected and not kube.not_applicable:
+        wanted.append("kubelet")
+    return wanted, "default: units of installed packages" + (", NVSwitch present" if nvswitch else "")
+
+
+@check(
+    "services.active",
+    probes=("services.tsv", "service-processes.tsv", "packages.tsv", "pci-devices.txt", "kube-node.json"),
+    severity="high",
+    summary="expected services active",
+)
+def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    if exp.services_active is None:
+        wanted, where = _expected_services(facts)
+        if not wanted:
+            return [
+                outcome(
+                    SKIP,
+                    "no GPU-stack service installed from packages; none expected "
+                    "(services.active in a policy)",
+                )
+            ]
+    else:
+        wanted, where = list(exp.services_active), exp.source("services.active")
+    states, how = facts.services()
+    inactive = [u for u in wanted if not states.get(u, False)]
+    judged = "" if how == "systemd" else f"; judged by running processes ({how})"
+    if inactive:
+        return [outcome(FAIL, f"not active: {', '.join(inactive)} ({where}){judged}", inactive=inactive)]
+    return [outcome(PASS, f"active: {', '.join(wanted)} ({where}){judged}")]
+
+
+def _has_nvidia_runtime(config: dict[str, Any]) -> bool:
+    """containerd: plugins.<cri plugin>.containerd.runtimes.nvidia (config v2 and v3)."""
+    plugins = config.get("plugins")
+    if not isinstance(plugins, dict):
+        return False
+    for plugin in plugins.values():
+        if not isinstance(plugin, dict):
+            continue
+        runtimes = (
+            (plugin.get("containerd") or {}).get("runtimes")
+            if isinstance(plugin.get("containerd"), dict)
+            else None
+        )
+        if isinstance(runtimes, dict) and "nvidia" in runtimes:
+            return True
+    return False
+
+
+@check(
+    "container_toolkit.runtime",
+    probes=("docker-daemon.json", "containerd-config.toml", "containerd-dropins.txt", "packages.tsv"),
+    severity="high",
+    summary="nvidia runtime configured for docker / containerd",
+)
+def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    installed = facts.installed()
+    if exp.container_toolkit_runtime is None:
+        if "nvidia-container-toolkit" not in installed:
+            return [
+                outcome(
+                    SKIP,
+                    "nvidia-container-toolkit not installed; no runtime expected "
+                    "(container_toolkit.runtime in a policy)",
+                )
+            ]
+        engines = []
+        if installed & {"docker.io", "docker-ce"}:
+            engines.append("docker")
+        if "kubelet" in installed and installed & {"containerd", "containerd.io"}:
+            engines.append("containerd")
+        where = "default: engines installed"
+        if not engines:
+            return [
+                outcome(
+                    SKIP,
+                    "nvidia-container-toolkit installed but no docker or Kubernetes containerd to configure",
+                )
+            ]
+    else:
+        engines = list(exp.container_toolkit_runtime)
+        where = exp.source("container_toolkit.runtime")
+    missing: list[str] = []
+    configured: list[str] = []
+    for engine in engines:
+        if engine == "docker":
+            daemon = facts.optional_json("docker-daemon.json")
+            runtimes = (daemon or {}).get("runtimes")
+            if isinstance(runtimes, dict) and "nvidia" in runtimes:
+                configured.append("docker (/etc/docker/daemon.json)")
+            else:
+                missing.append(
+                    "docker: no 'nvidia' in runtimes of /etc/docker/daemon.json"
+                    + (" (file absent)" if daemon is None else "")
+                )
+        else:
+            main = facts.optional_toml("containerd-config.toml")
+            if main is None:
+                missing.append("containerd: no /etc/containerd/config.toml")
+                continue
+            if _has_nvidia_runtime(main):
+                configured.append("containerd (config.toml)")
+                continue
+            imports = [str(i) for i in main.get("imports") or [] if isinstance(i, str)]
+            dropins = facts.containerd_dropins()
+            with_nvidia = [p for p, cfg in dropins.items() if _has_nvidia_runtime(cfg)]
+            used = [p for p in with_nvidia if any(fnmatch.fnmatch(p, pat) for pat in imports)]
+            if used:
+                configured.append(f"containerd (drop-in {used[0]})")
+            elif with_nvidia:
+                missing.append(
+                    f"containerd: {with_nvidia[0]} has the nvidia runtime but config.toml does not import it"
+                )
+            else:
+                missing.append("containerd: no nvidia runtime in config.toml or an imported drop-in")
+    if missing:
+        return [outcome(FAIL, "; ".join(missing) + f" ({where})", missing=missing)]
+    return [outcome(PASS, f"nvidia runtime configured: {', '.join(configured)} ({where})")]
