@@ -1,0 +1,74 @@
+"""Report renderers: table (rich), fleet drift table, JSON, JUnit XML, Prometheus textfile.
+
+Every renderer takes a Report and returns text; `write_output` puts it in a file atomically (a
+textfile collector must never read half a file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from provisioner.errors import InputError
+from provisioner.report.model import FAIL_ON, HostReport, Report
+
+FORMATS = ("table", "json", "junit", "prometheus")
+
+__all__ = ["FAIL_ON", "FORMATS", "HostReport", "Report", "check_output_path", "render", "write_output"]
+
+
+def render(
+    report: Report,
+    fmt: str,
+    *,
+    fail_on: str = "warn",
+    drift: bool = False,
+    color: bool = False,
+    width: int | None = None,
+) -> str:
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2) + "\n"
+    if fmt == "junit":
+        from provisioner.report.junit import render_junit
+
+        return render_junit(report, fail_on=fail_on)
+    if fmt == "prometheus":
+        from provisioner.report.prometheus import render_prometheus
+
+        return render_prometheus(report)
+    if fmt == "table":
+        from provisioner.report.table import render_drift, render_table
+
+        return (render_drift if drift else render_table)(report, color=color, width=width)
+    raise InputError(f"--format: unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
+
+
+def write_output(text: str, path: Path) -> None:
+    """Write next to the target, then rename over it."""
+    target = path.expanduser()
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError(f"--output {path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"--output {path}: cannot write: {exc.strerror}") from exc
+
+
+def check_output_path(path: Path) -> None:
+    """Fail before any host is probed when the report could not be written anyway."""
+    target = path.expanduser()
+    if target.is_dir():
+        raise InputError(f"--output {path}: is a directory")
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError(f"--output {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"--output {path}: directory {directory} is not writable")

@@ -1,0 +1,552 @@
+"""Verification: run the probes on hosts (in parallel), evaluate the checks, build the report.
+
+Library entry points, for the CLI and for other parts of gpuprov (bootstrap ends by verifying its
+hosts; the rolling upgrade verifies one host before putting it back):
+
+- `verify_hosts(hosts, policy, checks=..., parallel=...)` over SSH, hosts being inventory HostSpecs;
+- `verify_local(...)` on this machine; `verify_snapshot(dir, ...)` replaying a snapshot;
+- `snapshot_hosts(hosts, out_dir)` / `snapshot_local(out_dir)` writing the host-snapshot contract.
+
+One probe script per host, one SSH channel; an unreachable host gets `error` on every check with
+the reason and the other hosts are unaffected.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from provisioner import probes as P
+from provisioner.checks import CHECK_IDS, ERROR, Finding, HostFacts, evaluate, probes_for, select_checks
+from provisioner.checks.model import REGISTRY
+from provisioner.errors import InputError, Interrupted
+from provisioner.executors import (
+    Executor,
+    ExecutorError,
+    LocalExecutor,
+    SnapshotExecutor,
+    SshExecutor,
+    SshTarget,
+)
+from provisioner.policy import Expectations, Policy, validate_expectations, with_overrides
+from provisioner.report.model import HostReport, Report
+
+DEFAULT_PARALLEL = 50
+DEFAULT_TIMEOUT = 180.0  # whole probe script, per host (each probe also has its own timeout)
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Target:
+    """One host to probe: its name, how to reach it, and what the inventory says about it."""
+
+    name: str
+    open: Callable[[], Executor]
+    address: str | None = None
+    groups: tuple[str, ...] = ()
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    become: bool = False
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def ssh_targets(hosts: Sequence[Any], connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> list[Target]:
+    """Targets for inventory HostSpecs (name, address, port, user, keys, known_hosts, groups, vars)."""
+    targets: list[Target] = []
+    for host in hosts:
+        ssh = SshTarget.from_host(host)
+        hostvars = dict(getattr(host, "vars", None) or {})
+        become = _truthy(hostvars.get("ansible_become", False)) and ssh.user != "root"
+        targets.append(
+            Target(
+                name=ssh.name,
+                open=lambda ssh=ssh: SshExecutor(ssh, connect_timeout=connect_timeout),
+                address=ssh.address,
+                groups=tuple(getattr(host, "groups", None) or ()),
+                vars=hostvars,
+                become=become,
+            )
+        )
+    return targets
+
+
+# ---------------------------------------------------------------------------------------- probing
+
+
+def collect(
+    executor: Executor,
+    names: Sequence[str],
+    timeout: float = DEFAULT_TIMEOUT,
+    smoke_image: str | None = None,
+    become: bool = False,
+) -> dict[str, P.ProbeResult]:
+    """Run the named probes on one host in one script (or replay them from a snapshot)."""
+    if isinstance(executor, SnapshotExecutor):
+        if executor.host_error:
+            raise ExecutorError(executor.name, f"not collected: {executor.host_error}")
+        return replay(executor, names)
+    token = P.new_token()
+    script = P.build_script(names, token, smoke_image)
+    argv = ["sh", "-c", script]
+    if become:
+        argv = ["sudo", "-n", "--", *argv]
+    result = executor.run(argv, timeout)
+    results = P.parse_script_output(result.stdout, token, names)
+    if names and not any(r.collected for r in results.values()):
+        why = P.first_line(result.stderr) or f"exit {result.rc}"
+        raise ExecutorError(executor.name, f"the probe script did not run: {why}")
+    return results
+
+
+def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.ProbeResult]:
+    out: dict[str, P.ProbeResult] = {}
+    for name in names:
+        entry, text = executor.recorded(name)
+        if entry is None and text is None:
+            out[name] = P.ProbeResult(name, None, note="not collected in this snapshot")
+            continue
+        entry = entry or {}
+        rc = entry.get("rc", 0)
+        out[name] = P.ProbeResult(
+            name,
+            int(rc) if isinstance(rc, int) else None,
+            text or "",
+            str(entry.get("stderr", "")),
+            float(entry.get("duration_s", 0.0) or 0.0),
+            note="" if isinstance(rc, int) else "snapshot metadata has no exit status",
+        )
+    return out
+
+
+def _expectations(
+    policy: Policy | None, target: Target, fleet_uses_gpu_nodes: bool, overrides: Mapping[str, Any] | None
+) -> Expectations:
+    exp = policy.expectations_for(target.name, target.groups) if policy else Expectations()
+    if exp.gpu_present is None and fleet_uses_gpu_nodes:
+        exp.gpu_present = "gpu_nodes" in target.groups
+        exp.sources["gpu.present"] = "inventory: " + ("in" if exp.gpu_present else "not in") + " gpu_nodes"
+    if exp.gpu_present is False and exp.gpu_count is None:
+        exp.gpu_count = 0
+        exp.sources["gpu.count"] = exp.sources.get("gpu.present", "gpu.present false")
+    if overrides:
+        for key, value in validate_expectations(overrides, "").items():
+            from provisioner.policy import KEYS
+
+            setattr(exp, KEYS[key][0], value)
+            exp.sources[key] = "caller"
+    return exp
+
+
+def _verify_target(target: Target, exp: Expectations, ids: list[str], timeout: float) -> HostReport:
+    start = time.monotonic()
+    names = probes_for(ids, smoke=bool(exp.container_smoke_image))
+    if not exp.dcgm_diag or "dcgm.diag" in exp.skip_checks:
+        names = [n for n in names if n != "dcgmi-diag.json"]
+    collected_at = _now_iso()
+    executor: Executor | None = None
+    try:
+        executor = target.open()
+        if isinstance(executor, SnapshotExecutor):
+            collected_at = str(executor.meta.get("collected_at") or collected_at)
+        results = collect(executor, names, timeout, exp.container_smoke_image, target.become)
+    except ExecutorError as exc:
+        findings = [Finding(c, ERROR, REGISTRY[c].severity, f"host not probed: {exc.reason}") for c in ids]
+        return HostReport(
+            target.name, findings, target.address, exc.reason, time.monotonic() - start, collected_at
+        )
+    finally:
+        if executor is not None:
+            executor.close()
+    facts = HostFacts(target.name, results)
+    findings = evaluate(facts, exp, ids)
+    return HostReport(target.name, findings, target.address, None, time.monotonic() - start, collected_at)
+
+
+R = TypeVar("R")
+
+
+def _run_parallel(targets: Sequence[Target], work: Callable[[Target], R], parallel: int) -> list[R]:
+    """Run `work` per target on a bounded pool; results in target order."""
+    if parallel < 1:
+        raise InputError(f"--parallel: must be at least 1, got {parallel}")
+    if len(targets) == 1:
+        return [work(targets[0])]
+    pool = ThreadPoolExecutor(max_workers=min(parallel, len(targets)), thread_name_prefix="gpuprov-probe")
+    futures: list[Future[R]] = [pool.submit(work, t) for t in targets]
+    try:
+        reports = [f.result() for f in futures]
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        done = sum(1 for f in futures if f.done())
+        raise Interrupted(f"interrupted after {done} of {len(targets)} host(s)") from None
+    pool.shutdown(wait=True)
+    return reports
+
+
+def verify_targets(
+    targets: Sequence[Target],
+    policy: Policy | None = None,
+    *,
+    checks: Iterable[str] | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    timeout: float = DEFAULT_TIMEOUT,
+    overrides: Mapping[str, Any] | None = None,
+    source: str = "",
+) -> Report:
+    ids = select_checks(checks)
+    started = _now_iso()
+    t0 = time.monotonic()
+    uses_gpu_nodes = any("gpu_nodes" in t.groups for t in targets)
+    plans = {t.name: _expectations(policy, t, uses_gpu_nodes, overrides) for t in targets}
+    reports = _run_parallel(targets, lambda t: _verify_target(t, plans[t.name], ids, timeout), parallel)
+    return Report(
+        reports,
+        ids,
+        started,
+        time.monotonic() - t0,
+        str(policy.path) if policy and policy.path else None,
+        source,
+    )
+
+
+def verify_hosts(
+    hosts: Sequence[Any],
+    policy: Policy | None = None,
+    *,
+    checks: Iterable[str] | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    timeout: float = DEFAULT_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    overrides: Mapping[str, Any] | None = None,
+) -> Report:
+    """Verify inventory hosts over SSH. `checks` picks a subset of ids (or 'gpu.*'); `overrides` are
+    policy keys the caller knows better than any file (e.g. {"driver.version": "580.159.04"} right
+    after installing it)."""
+    return verify_targets(
+        ssh_targets(hosts, connect_timeout),
+        policy,
+        checks=checks,
+        parallel=parallel,
+        timeout=timeout,
+        overrides=overrides,
+        source="ssh",
+    )
+
+
+def local_target(name: str | None = None) -> Target:
+    host = name or socket.gethostname()
+    return Target(name=host, open=lambda: LocalExecutor(host), address="local")
+
+
+def verify_local(
+    policy: Policy | None = None,
+    *,
+    checks: Iterable[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    overrides: Mapping[str, Any] | None = None,
+) -> Report:
+    return verify_targets(
+        [local_target()], policy, checks=checks, timeout=timeout, overrides=overrides, source="local"
+    )
+
+
+def snapshot_host_dirs(root: Path, limit: str | None = None) -> list[Path]:
+    """A snapshot root (one sub-directory per host) or a single host directory."""
+    if not root.is_dir():
+        raise InputError(f"--snapshot {root}: not a directory")
+    if (root / "meta.json").is_file():
+        dirs = [root]
+    else:
+        dirs = sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").is_file())
+    if not dirs:
+        raise InputError(f"--snapshot {root}: no snapshot here (no meta.json in it or its sub-directories)")
+    if limit:
+        dirs = [d for d in dirs if _matches(d.name, limit)]
+        if not dirs:
+            raise InputError(f"--limit {limit}: matches no host in snapshot {root}")
+    return dirs
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """A small subset of Ansible's --limit: comma/colon-separated globs, '!' to exclude."""
+    parts = [p.strip() for p in pattern.replace(":", ",").split(",") if p.strip()]
+    include = [p for p in parts if not p.startswith("!")]
+    exclude = [p[1:] for p in parts if p.startswith("!")]
+    ok = any(fnmatch.fnmatchcase(name, p) for p in include) if include else True
+    return ok and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+
+
+def verify_snapshot(
+    root: Path,
+    policy: Policy | None = None,
+    *,
+    checks: Iterable[str] | None = None,
+    limit: str | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> Report:
+    """Evaluate a snapshot offline exactly as the live hosts would be."""
+    targets = []
+    for d in snapshot_host_dirs(root, limit):
+        ex = SnapshotExecutor(d)
+        targets.append(
+            Target(
+                name=ex.name,
+                open=lambda ex=ex: ex,
+                address=None,
+                groups=tuple((groups or {}).get(ex.name, ())),
+            )
+        )
+    return verify_targets(targets, policy, checks=checks, parallel=8, source=f"snapshot {root}")
+
+
+# --------------------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    host: str
+    path: Path
+    error: str | None
+    probes: int
+
+
+def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"-o {out_dir}: exists and is not a directory")
+    for name in names:
+        if not name or "/" in name or name in (".", "..") or name.startswith("."):
+            raise InputError(f"host name {name!r} cannot be a snapshot directory name")
+        dest = out_dir / name
+        if dest.exists() and not (dest / "meta.json").is_file():
+            raise InputError(
+                f"-o {out_dir}: {dest} exists and is not a snapshot (no meta.json); not overwriting"
+            )
+
+
+def write_host_snapshot(
+    out_dir: Path,
+    host: str,
+    results: Mapping[str, P.ProbeResult] | None,
+    error: str | None,
+    collected_at: str,
+) -> Path:
+    """Write one host's directory (files + meta.json) next to the target, then swap it in."""
+    from provisioner import __version__
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{host}.tmp-{os.getpid()}-{threading.get_ident()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    meta: dict[str, Any] = {
+        "host": host,
+        "collected_at": collected_at,
+        "collector": f"gpuprov {__version__}",
+        "probes": {},
+    }
+    if error:
+        meta["error"] = error
+    not_collected: dict[str, str] = {}
+    for name, res in (results or {}).items():
+        if not res.collected:
+            not_collected[name] = res.note
+            continue
+        entry: dict[str, Any] = {
+            "rc": res.rc,
+            "duration_s": res.duration_s,
+            "command": P.PROBES_BY_NAME[name].command,
+        }
+        if res.stderr:
+            entry["stderr"] = res.stderr
+        meta["probes"][name] = entry
+        if res.not_applicable or (not res.ok and not res.stdout):
+            continue
+        (tmp / name).write_text(res.stdout)
+    if not_collected:
+        meta["not_collected"] = not_collected
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
+    dest = out_dir / host
+    old = out_dir / f".{host}.old-{os.getpid()}-{threading.get_ident()}"
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    if old.exists():
+        shutil.rmtree(old)
+    return dest
+
+
+def snapshot_targets(
+    targets: Sequence[Target],
+    out_dir: Path,
+    *,
+    parallel: int = DEFAULT_PARALLEL,
+    timeout: float = DEFAULT_TIMEOUT,
+    probes: Sequence[str] = P.SNAPSHOT_PROBES,
+) -> list[SnapshotResult]:
+    _check_snapshot_dest(out_dir, [t.name for t in targets])
+
+    def work(target: Target) -> SnapshotResult:
+        collected_at = _now_iso()
+        executor: Executor | None = None
+        results: dict[str, P.ProbeResult] | None = None
+        error: str | None = None
+        try:
+            executor = target.open()
+            results = collect(executor, probes, timeout, None, target.become)
+        except ExecutorError as exc:
+            error = exc.reason
+        finally:
+            if executor is not None:
+                executor.close()
+        path = write_host_snapshot(out_dir, target.name, results, error, collected_at)
+        count = sum(1 for r in (results or {}).values() if r.collected)
+        return SnapshotResult(target.name, path, error, count)
+
+    return _run_parallel(targets, work, parallel)
+
+
+def snapshot_hosts(
+    hosts: Sequence[Any],
+    out_dir: Path,
+    *,
+    parallel: int = DEFAULT_PARALLEL,
+    timeout: float = DEFAULT_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+) -> list[SnapshotResult]:
+    return snapshot_targets(ssh_targets(hosts, connect_timeout), out_dir, parallel=parallel, timeout=timeout)
+
+
+def snapshot_local(out_dir: Path, *, timeout: float = DEFAULT_TIMEOUT) -> list[SnapshotResult]:
+    return snapshot_targets([local_target()], out_dir, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def load_hosts(inventory: Path, limit: str | None) -> list[Any]:
+    """Hosts from an Ansible inventory (provisioner.inventory), filtered by --limit."""
+    if not inventory.exists():
+        raise InputError(f"-i {inventory}: inventory not found")
+    from provisioner.inventory import load_inventory
+
+    hosts = load_inventory(inventory).select(limit)
+    if not hosts:
+        raise InputError(f"-i {inventory}: no host selected" + (f" by --limit {limit}" if limit else ""))
+    return list(hosts)
+
+
+__all__ = [
+    "CHECK_IDS",
+    "DEFAULT_PARALLEL",
+    "DEFAULT_TIMEOUT",
+    "SnapshotResult",
+    "Target",
+    "collect",
+    "load_hosts",
+    "run_snapshot",
+    "run_verification",
+    "snapshot_hosts",
+    "snapshot_local",
+    "snapshot_targets",
+    "ssh_targets",
+    "verify_hosts",
+    "verify_local",
+    "verify_snapshot",
+    "verify_targets",
+    "with_overrides",
+]
+
+
+def _one_source(
+    inventory: Path | None, local: bool, snapshot: Path | None, allow_snapshot: bool = True
+) -> str:
+    given = [
+        name
+        for name, on in (
+            ("-i/--inventory", inventory is not None),
+            ("--local", local),
+            ("--snapshot", snapshot is not None),
+        )
+        if on
+    ]
+    choices = "-i/--inventory, --local" + (" or --snapshot" if allow_snapshot else "")
+    if not given:
+        raise InputError(f"say which hosts: {choices}")
+    if len(given) > 1:
+        raise InputError(f"choose one of {choices} (got {' and '.join(given)})")
+    return given[0]
+
+
+def run_verification(
+    *,
+    inventory: Path | None = None,
+    local: bool = False,
+    snapshot: Path | None = None,
+    policy_path: Path | None = None,
+    limit: str | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    checks: Iterable[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Report:
+    """What `gpuprov verify` and `gpuprov check` do: validate every input first, then probe."""
+    source = _one_source(inventory, local, snapshot)
+    if parallel < 1:
+        raise InputError(f"--parallel: must be at least 1, got {parallel}")
+    ids = select_checks(checks)
+    policy = load_policy_file(policy_path)
+    if source == "--local":
+        if limit:
+            raise InputError("--limit applies to -i/--inventory or --snapshot, not --local")
+        return verify_local(policy, checks=ids, timeout=timeout)
+    if source == "--snapshot":
+        assert snapshot is not None
+        return verify_snapshot(snapshot, policy, checks=ids, limit=limit)
+    assert inventory is not None
+    hosts = load_hosts(inventory, limit)
+    return verify_hosts(hosts, policy, checks=ids, parallel=parallel, timeout=timeout)
+
+
+def load_policy_file(path: Path | None) -> Policy | None:
+    if path is None:
+        return None
+    from provisioner.policy import load_policy
+
+    return load_policy(path)
+
+
+def run_snapshot(
+    *,
+    inventory: Path | None = None,
+    local: bool = False,
+    out_dir: Path,
+    limit: str | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[SnapshotResult]:
+    """What `gpuprov snapshot` does."""
+    source = _one_source(inventory, local, None, allow_snapshot=False)
+    if parallel < 1:
+        raise InputError(f"--parallel: must be at least 1, got {parallel}")
+    if source == "--local":
+        if limit:
+            raise InputError("--limit applies to -i/--inventory, not --local")
+        return snapshot_local(out_dir, timeout=timeout)
+    assert inventory is not None
+    return snapshot_hosts(load_hosts(inventory, limit), out_dir, parallel=parallel, timeout=timeout)
