@@ -102,6 +102,97 @@ def stages() -> int:
     return 0
 
 
+LocalOpt = Annotated[bool, typer.Option("--local", help="Probe this machine directly (no SSH).")]
+ParallelOpt = Annotated[int, typer.Option("--parallel", min=1, max=2000, help="Hosts probed at once.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds allowed per host.")]
+ChecksOpt = Annotated[
+    str | None, typer.Option("--checks", help="Comma-separated check ids or prefixes (gpu.*); default: all.")
+]
+FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="Lowest status that makes the exit code 1.")]
+SnapshotOpt = Annotated[Path | None, typer.Option("--snapshot", help="Evaluate a snapshot directory.")]
+
+
+def _report_verb(*, drift: bool, inventory: Path | None, local: bool, snapshot: Path | None,
+                 policy: Path | None, output_format: ReportFormat, output: Path | None, fail_on: FailOn,
+                 limit: str | None, parallel: int, checks: str | None, timeout: float) -> int:
+    from provisioner.report import check_output_path, render, write_output
+    from provisioner.verification import run_verification
+
+    if output is not None:
+        check_output_path(output)
+    report = run_verification(inventory=inventory, local=local, snapshot=snapshot, policy_path=policy,
+                              limit=limit, parallel=parallel, checks=_split(checks) or None, timeout=timeout)
+    color = output is None and output_format == ReportFormat.table and sys.stdout.isatty()
+    text = render(report, output_format.value, fail_on=fail_on.value, drift=drift, color=color)
+    if output is not None:
+        write_output(text, output)
+    else:
+        sys.stdout.write(text)
+    return report.exit_code(fail_on.value)
+
+
+@app.command()
+def verify(
+    inventory: InventoryOpt = None,
+    local: LocalOpt = False,
+    snapshot: SnapshotOpt = None,
+    policy: Annotated[Path | None, typer.Option("--policy", help="Policy file (YAML).")] = None,
+    output_format: Annotated[ReportFormat, typer.Option("--format")] = ReportFormat.table,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE.")] = None,
+    fail_on: FailOnOpt = FailOn.warn,
+    limit: LimitOpt = None,
+    parallel: ParallelOpt = 50,
+    checks: ChecksOpt = None,
+    timeout: TimeoutOpt = 180.0,
+) -> int:
+    """Probe hosts; check GPUs, driver, CUDA, runtimes, services, Kubernetes (exit 1 on findings)."""
+    return _report_verb(drift=False, inventory=inventory, local=local, snapshot=snapshot, policy=policy,
+                        output_format=output_format, output=output, fail_on=fail_on, limit=limit,
+                        parallel=parallel, checks=checks, timeout=timeout)
+
+
+@app.command()
+def check(
+    policy: Annotated[Path, typer.Option("--policy", help="Policy file (YAML): the desired fleet state.")],
+    inventory: InventoryOpt = None,
+    local: LocalOpt = False,
+    snapshot: SnapshotOpt = None,
+    output_format: Annotated[ReportFormat, typer.Option("--format")] = ReportFormat.table,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE.")] = None,
+    fail_on: FailOnOpt = FailOn.warn,
+    limit: LimitOpt = None,
+    parallel: ParallelOpt = 50,
+    checks: ChecksOpt = None,
+    timeout: TimeoutOpt = 180.0,
+) -> int:
+    """Check hosts against a policy and show the fleet's drift (host × check)."""
+    return _report_verb(drift=True, inventory=inventory, local=local, snapshot=snapshot, policy=policy,
+                        output_format=output_format, output=output, fail_on=fail_on, limit=limit,
+                        parallel=parallel, checks=checks, timeout=timeout)
+
+
+@app.command()
+def snapshot(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Directory to write (one per host inside).")],
+    inventory: InventoryOpt = None,
+    local: LocalOpt = False,
+    limit: LimitOpt = None,
+    parallel: ParallelOpt = 50,
+    timeout: TimeoutOpt = 180.0,
+) -> int:
+    """Save every host's probe outputs (support bundle); `verify --snapshot DIR` replays them."""
+    from provisioner.verification import run_snapshot
+
+    results = run_snapshot(inventory=inventory, local=local, out_dir=output, limit=limit, parallel=parallel,
+                           timeout=timeout)
+    for r in results:
+        if r.error:
+            typer.echo(f"{r.host}: not collected: {r.error} (recorded in {r.path / 'meta.json'})", err=True)
+        else:
+            typer.echo(f"{r.host}: {r.probes} probes → {r.path}")
+    return 1 if any(r.error for r in results) else 0
+
+
 def _lab_progress(message: str) -> None:
     typer.echo(message, err=True)
 
