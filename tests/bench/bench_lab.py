@@ -1,0 +1,154 @@
+"""Benchmark of the lab: `gpuprov lab up` of 3 hosts from the cached image, and (with --scratch) the set-up
+from empty caches, each printed as a ratio against a baseline measured in the same run.
+
+Run as a script (root, engine available), not collected by pytest:
+
+    .venv/bin/python tests/bench/bench_lab.py [--repeat 3] [--scratch]
+
+Baselines: for `lab up`, plain `docker run` of 3 bare systemd containers from the same image, waited
+until systemd is up (what any lab must at least do); for the set-up, one `debootstrap` of the same
+rootfs (the download-and-unpack floor of building any Debian host image here). Targets: lab up < 30 s,
+set-up < 6 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from provisioner.lab import engine, image, keys, paths, state  # noqa: E402
+from provisioner.lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+
+TARGET_UP_S = 30.0
+TARGET_SCRATCH_S = 360.0
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0
+
+
+def cli(*args: str) -> None:
+    res = gpuprov(*args)
+    if res.returncode != 0:
+        raise SystemExit(f"gpuprov {' '.join(args)} failed (rc {res.returncode}):\n{res.stderr}")
+
+
+def baseline_docker_run(docker: engine.Docker, host_image: str, n: int) -> float:
+    """docker run of n bare systemd containers (same image, privileged), until systemd is up in each."""
+    names = [f"gpuprov-bench-{os.getpid()}-{i}" for i in range(n)]
+
+    def run_all() -> None:
+        for name in names:
+            docker("run", "-d", "--privileged", "--network=none", "--tmpfs=/run", "--name", name, host_image)
+
+        def boot(name: str) -> None:
+            while True:
+                res = docker("exec", name, "systemctl", "is-system-running", "--wait", check=False)
+                if res.stdout.strip() in ("running", "degraded"):
+                    return
+                time.sleep(0.2)
+
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            list(pool.map(boot, names))
+
+    try:
+        return timed(run_all)
+    finally:
+        docker("rm", "-f", *names, check=False)
+
+
+def bench_up(repeat: int, hosts: int) -> None:
+    warm = unique_lab_name("bw")
+    print(f"warming caches (image, mirror) with lab {warm} ...", flush=True)
+    cli("lab", "up", "--lab", warm, "--hosts", "1")
+    try:
+        docker = engine.Docker()
+        key = keys.ensure_archive_key()
+        base = image.ensure_base_image(docker, image.ensure_rootfs())
+        host_image = image.ensure_host_image(docker, base, key.public)
+        ups: list[float] = []
+        downs: list[float] = []
+        bases: list[float] = []
+        for i in range(repeat):
+            bases.append(baseline_docker_run(docker, host_image, hosts))
+            name = unique_lab_name("b")
+            ups.append(timed(lambda name=name: cli("lab", "up", "--lab", name, "--hosts", str(hosts))))
+            downs.append(timed(lambda name=name: cli("lab", "down", "--lab", name)))
+            print(f"  run {i + 1}: baseline {bases[-1]:.1f} s, up {ups[-1]:.1f} s, down {downs[-1]:.1f} s")
+    finally:
+        cli("lab", "down", "--lab", warm)
+    up, base_s, down = statistics.median(ups), statistics.median(bases), statistics.median(downs)
+    print(
+        f"lab up ({hosts} hosts, cached image): {up:.1f} s median of {repeat}; "
+        f"baseline docker run of {hosts} systemd containers: {base_s:.1f} s; ratio {up / base_s:.2f}x; "
+        f"target < {TARGET_UP_S:.0f} s: {'met' if up < TARGET_UP_S else 'NOT met'}"
+    )
+    print(f"lab down: {down:.1f} s median")
+
+
+def bench_scratch(hosts: int) -> None:
+    """Set-up from empty caches: a temporary cache root and no lab images in the engine."""
+    if state.all_labs():
+        raise SystemExit(f"--scratch needs no lab running (found: {', '.join(state.all_labs())})")
+    docker = engine.ensure_engine()
+    with tempfile.TemporaryDirectory(prefix="gpuprov-bench-") as tmp:
+        env_cache = Path(tmp) / "cache"
+        # The floor: one debootstrap of the same rootfs.
+        target = Path(tmp) / "debootstrap"
+        t_base = timed(
+            lambda: subprocess.run(
+                ["debootstrap", "--variant=minbase", f"--include={','.join(image.ROOTFS_PACKAGES)}",
+                 image.SUITE, str(target), image.debian_mirror_url()],
+                capture_output=True, check=True,
+            )
+        )  # fmt: skip
+        shutil.rmtree(target, ignore_errors=True)
+        for repo in (image.HOST_REPO, image.BASE_REPO):
+            for ref in docker.lines("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo):
+                docker("image", "rm", "-f", ref, check=False)
+        name = unique_lab_name("s")
+        os.environ["GPUPROV_CACHE_DIR"] = str(env_cache)
+        try:
+            t_setup = timed(lambda: cli("lab", "up", "--lab", name, "--hosts", str(hosts)))
+        finally:
+            cli("lab", "down", "--lab", name)
+            os.environ.pop("GPUPROV_CACHE_DIR")
+        print(
+            f"set-up from scratch (rootfs, image, mirror, {hosts} hosts): {t_setup:.1f} s; "
+            f"baseline debootstrap: {t_base:.1f} s; ratio {t_setup / t_base:.2f}x; "
+            f"target < {TARGET_SCRATCH_S:.0f} s: {'met' if t_setup < TARGET_SCRATCH_S else 'NOT met'} "
+            f"({os.cpu_count()} cores)"
+        )
+    print(f"(caches in {paths.cache_root()} were not touched; lab images were rebuilt from the scratch run)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hosts", type=int, default=3)
+    ap.add_argument("--scratch", action="store_true", help="also time the set-up from empty caches (minutes)")
+    args = ap.parse_args()
+    reason = engine.unavailable_reason()
+    if reason:
+        raise SystemExit(f"the lab cannot run here: {reason}")
+    bench_up(args.repeat, args.hosts)
+    if args.scratch:
+        bench_scratch(args.hosts)
+
+
+if __name__ == "__main__":
+    main()
