@@ -592,11 +592,21 @@ _XID = re.compile(
 _FALLEN = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d)")
 
 
+# dmesg "[   12.345678] ...", journalctl short-monotonic "[   12.345678] host kernel: ...", journalctl
+# short "Dec 02 15:10:01 host kernel: ...", and ISO timestamps.
+_KLOG_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d |\d{4}-\d\d-\d\dT\d\d:\d\d)")
+
+
 def parse_kernel_log(text: str) -> list[XidEvent]:
     """NVRM Xid events of this boot. A 'GPU ... has fallen off the bus' report without an Xid
-    line (newer drivers print it over several lines) counts as Xid 79."""
-    events: list[XidEvent] = []
+    line (newer drivers print it over several lines) counts as Xid 79. Text that has no kernel-log
+    line at all is refused: "no Xid" must mean a log was read."""
     lines = text.splitlines()
+    if not any(line.strip() for line in lines):
+        raise ParseError("kernel log is empty: no messages for this boot were readable")
+    if not any(_KLOG_LINE.match(line) for line in lines[:200]):
+        raise ParseError(f"kernel log: not in dmesg/journalctl format: {first_line(text, 80)!r}")
+    events: list[XidEvent] = []
     for i, line in enumerate(lines):
         if "NVRM" not in line:
             continue

@@ -29,12 +29,11 @@ def gpu_present(facts: HostFacts, exp: Expectations) -> list[Finding]:
     devices = facts.pci()
     gpus = facts.pci_gpus()
     if gpus:
-        names = sorted({d.description.split(": ", 1)[-1] for d in gpus})
-        return [
-            outcome(
-                PASS, f"{len(gpus)} NVIDIA GPU(s) on the PCI bus: {'; '.join(names)[:160]}", count=len(gpus)
-            )
-        ]
+        kinds: dict[str, int] = {}
+        for d in gpus:
+            kinds[f"{d.vendor}:{d.device}"] = kinds.get(f"{d.vendor}:{d.device}", 0) + 1
+        listed = ", ".join(f"{k} ×{n}" for k, n in sorted(kinds.items()))
+        return [outcome(PASS, f"{len(gpus)} NVIDIA GPU(s) on the PCI bus ({listed})", count=len(gpus))]
     if exp.gpu_present is False:
         return [outcome(SKIP, f"no NVIDIA GPU on the PCI bus, none expected ({exp.source('gpu.present')})")]
     return [
