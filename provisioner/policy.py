@@ -187,7 +187,8 @@ def validate_expectations(mapping: Any, where: str) -> dict[str, Any]:
         if not isinstance(key, str) or key not in KEYS:
             at = f"{where}.{key}" if where else str(key)
             raise InputError(f"{at}: unknown key{_suggest(str(key))}; keys: {', '.join(KEYS)}")
-        out[key] = KEYS[key][1](value, f"{where}.{key}" if where else key)
+        # null removes an expectation set by an outer layer (back to the default)
+        out[key] = None if value is None else KEYS[key][1](value, f"{where}.{key}" if where else key)
     return out
 
 
@@ -210,10 +211,16 @@ class Policy:
         layers += [(f"{label} groups.{g}", keys) for g, keys in self.groups.items() if g in member]
         if host in self.hosts:
             layers.append((f"{label} hosts.{host}", self.hosts[host]))
+        defaults = Expectations()
         for where, keys in layers:
             for key, value in keys.items():
-                setattr(exp, KEYS[key][0], value)
-                exp.sources[key] = where
+                name = KEYS[key][0]
+                if value is None:
+                    setattr(exp, name, getattr(defaults, name))
+                    exp.sources.pop(key, None)
+                else:
+                    setattr(exp, name, value)
+                    exp.sources[key] = where
         return exp
 
 

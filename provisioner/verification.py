@@ -146,10 +146,12 @@ def _expectations(
         exp.gpu_count = 0
         exp.sources["gpu.count"] = exp.sources.get("gpu.present", "gpu.present false")
     if overrides:
-        for key, value in validate_expectations(overrides, "").items():
-            from provisioner.policy import KEYS
+        from provisioner.policy import KEYS
 
-            setattr(exp, KEYS[key][0], value)
+        defaults = Expectations()
+        for key, value in validate_expectations(overrides, "").items():
+            name = KEYS[key][0]
+            setattr(exp, name, getattr(defaults, name) if value is None else value)
             exp.sources[key] = "caller"
     return exp
 

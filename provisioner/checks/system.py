@@ -111,6 +111,8 @@ def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
     else:
         wanted = exp.packages_held
         where = exp.source("packages.held")
+        if not wanted:
+            return [outcome(SKIP, f"no package expected held ({where})")]
     not_held: list[str] = []
     absent: list[str] = []
     for pattern in wanted:
@@ -169,6 +171,8 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
             ]
     else:
         wanted, where = list(exp.services_active), exp.source("services.active")
+        if not wanted:
+            return [outcome(SKIP, f"no service expected active ({where})")]
     states, how = facts.services()
     inactive = [u for u in wanted if not states.get(u, False)]
     judged = "" if how == "systemd" else f"; judged by running processes ({how})"
@@ -228,6 +232,8 @@ def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Findi
     else:
         engines = list(exp.container_toolkit_runtime)
         where = exp.source("container_toolkit.runtime")
+        if not engines:
+            return [outcome(SKIP, f"no container engine expected to have the nvidia runtime ({where})")]
     missing: list[str] = []
     configured: list[str] = []
     for engine in engines:
