@@ -112,7 +112,7 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
             )
         elif req.mirror_port is not None:
             st.mirror_port = req.mirror_port
-        st.image = st.image or host_image
+        st.image = host_image  # what new hosts are made from
         st.mirror_dir = str(mirror_dir)
         old_hosts = {h.name: h for h in st.hosts}
         specs = plan.plan(count, st.network, profiles, old_hosts)
@@ -145,8 +145,6 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
         _parallel(
             lambda h: docker("start", lp.container(h.name), what=f"docker start ({h.name})"), todo_start
         )
-        if todo_create:
-            st.image = host_image
         progress("hosts: waiting for systemd and sshd")
         problems = [p for p in _parallel(lambda h: _wait_ready(docker, st, h), specs) if p]
         inventory.write(st)

@@ -424,6 +424,7 @@ def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) ->
         (tmp / marker).unlink(missing_ok=True)
     _write(tmp / f"{KEY_NAME}.asc", key.armored)
     _write(tmp / f"{KEY_NAME}.gpg", key.public)
+    (tmp / ".parts").write_text(f"{sim_part.name}\n{deb_part.name}\n")
     (tmp / ".complete").touch()
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
@@ -439,10 +440,20 @@ def prune(keep: set[Path]) -> None:
         if st and st.mirror_dir:
             in_use.add(Path(st.mirror_dir))
     root = mirrors_root()
-    if root.is_dir():
-        for d in root.iterdir():
-            if d not in in_use and not d.name.startswith("."):
-                shutil.rmtree(d, ignore_errors=True)
+    if not root.is_dir():
+        return
+    for d in root.iterdir():
+        if d not in in_use and not d.name.startswith("."):
+            shutil.rmtree(d, ignore_errors=True)
+    used_parts: set[str] = set()
+    for d in in_use:
+        if (d / ".parts").exists():
+            used_parts.update((d / ".parts").read_text().split())
+    parts = paths.cache_root() / "mirror-parts"
+    if parts.is_dir():
+        for p in parts.iterdir():
+            if not p.name.startswith(".") and p.name not in used_parts:
+                shutil.rmtree(p, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------ the server
