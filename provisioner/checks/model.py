@@ -12,8 +12,9 @@ if TYPE_CHECKING:
 
 PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
 STATUSES: tuple[str, ...] = (PASS, WARN, FAIL, SKIP, ERROR)
-# How bad a status is, for "worst of" summaries: a fail outranks an error (it is a real finding).
-RANK: dict[str, int] = {PASS: 0, SKIP: 1, WARN: 2, ERROR: 3, FAIL: 4}
+# How bad a status is, for "worst of" summaries: a host whose checks passed or did not apply is a
+# pass; a fail outranks an error (it is a real finding, the error is a gap in what we know).
+RANK: dict[str, int] = {SKIP: 0, PASS: 1, WARN: 2, ERROR: 3, FAIL: 4}
 
 # Severity says how much a non-passing result matters; a check has a default, a finding may raise it.
 SEVERITIES: tuple[str, ...] = ("critical", "high", "medium", "low", "info")

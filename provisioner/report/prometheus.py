@@ -9,8 +9,11 @@ from __future__ import annotations
 import calendar
 import time
 
-from provisioner.checks.model import PASS, RANK, SKIP
+from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, worst
 from provisioner.report.model import Report
+
+# Stable numeric scale for alerting (independent of how reports order statuses).
+CODE = {PASS: 0, SKIP: 1, WARN: 2, ERROR: 3, FAIL: 4}
 
 
 def _esc(value: str) -> str:
@@ -44,7 +47,7 @@ def render_prometheus(report: Report) -> str:
         for check_id in report.checks:
             status = h.status_of(check_id)
             if status is not None:
-                lines.append(f"gpuprov_check_status{_labels(host=h.host, check=check_id)} {RANK[status]}")
+                lines.append(f"gpuprov_check_status{_labels(host=h.host, check=check_id)} {CODE[status]}")
     family("gpuprov_check_ok", "gauge", "1 when the check passed or did not apply (skip), else 0.")
     for h in report.hosts:
         for check_id in report.checks:
@@ -58,12 +61,12 @@ def render_prometheus(report: Report) -> str:
         "Result of a check for one GPU (index as nvidia-smi numbers them); scale of gpuprov_check_status.",
     )
     for h in report.hosts:
-        per_gpu: dict[tuple[str, int], int] = {}
+        per_gpu: dict[tuple[str, int], list[str]] = {}
         for f in h.findings:
             if f.gpu is not None:
-                key = (f.id, f.gpu)
-                per_gpu[key] = max(per_gpu.get(key, 0), RANK[f.status])
-        for (check_id, gpu), rank in sorted(per_gpu.items()):
+                per_gpu.setdefault((f.id, f.gpu), []).append(f.status)
+        for (check_id, gpu), statuses in sorted(per_gpu.items()):
+            rank = CODE[worst(statuses)]
             lines.append(
                 f"gpuprov_gpu_check_status{_labels(host=h.host, check=check_id, gpu=str(gpu))} {rank}"
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,24 +18,24 @@ MARK = {PASS: "✓", WARN: "!", FAIL: "✗", SKIP: "-", ERROR: "E"}
 SHORT = {
     "os.supported": "os",
     "gpu.present": "gpu",
-    "gpu.count": "count",
+    "gpu.count": "cnt",
     "driver.loaded": "drv",
-    "driver.version": "drvver",
-    "driver.userspace_match": "user",
-    "gpu.persistence": "persist",
+    "driver.version": "ver",
+    "driver.userspace_match": "usr",
+    "gpu.persistence": "pm",
     "gpu.ecc": "ecc",
-    "gpu.memory_remap": "remap",
+    "gpu.memory_remap": "rmp",
     "gpu.pcie_link": "pcie",
-    "gpu.throttle": "clocks",
+    "gpu.throttle": "clk",
     "gpu.xid": "xid",
     "cuda.version": "cuda",
     "packages.held": "held",
     "container_toolkit.runtime": "ctk",
     "services.active": "svc",
     "k8s.node_ready": "node",
-    "k8s.gpu_allocatable": "alloc",
+    "k8s.gpu_allocatable": "allc",
     "dcgm.diag": "dcgm",
-    "container.smoke": "smoke",
+    "container.smoke": "smk",
 }
 # With more hosts than this, per-host tables show only what is not a pass.
 ALL_ROWS_UP_TO = 3
@@ -108,18 +109,24 @@ def render_table(report: Report, *, color: bool = False, width: int | None = Non
 
 def render_drift(report: Report, *, color: bool = False, width: int | None = None) -> str:
     """Fleet drift: one row per host, one column per check, then the details of what drifted."""
-    console, buf = _console(color, width)
-    table = Table(title="fleet drift (host × check)", title_justify="left", pad_edge=False)
-    table.add_column("host", no_wrap=True)
+    host_width = max([4, *(len(h.host) for h in report.hosts)])
+    needed = host_width + sum(len(SHORT.get(c, c)) + 4 for c in report.checks) + 8
+    grid, buf = _console(color, max(width or 120, needed))
+    console = Console(file=buf, force_terminal=color, no_color=not color, width=width or 120, highlight=False,
+                      soft_wrap=False)
+    table = Table(title="fleet drift (host × check)", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("host", no_wrap=True, min_width=host_width)
     for check_id in report.checks:
-        table.add_column(SHORT.get(check_id, check_id), justify="center", no_wrap=True)
+        short = SHORT.get(check_id, check_id)
+        table.add_column(short, justify="center", no_wrap=True, min_width=len(short))
     for h in report.hosts:
         cells: list[Text | str] = [h.host]
         for check_id in report.checks:
             status = h.status_of(check_id)
             cells.append(Text(MARK[status], style=STYLE[status]) if status else "")
         table.add_row(*cells)
-    console.print(table)
+    grid.print(table)
     legend = "  ".join(f"{MARK[s]} {s}" for s in (PASS, WARN, FAIL, SKIP, ERROR))
     console.print(Text(legend, style="dim"))
     console.print(Text("columns: " + ", ".join(f"{SHORT.get(c, c)}={c}" for c in report.checks), style="dim"))
