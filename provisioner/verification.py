@@ -108,7 +108,7 @@ def collect(
     if become:
         argv = ["sudo", "-n", "--", *argv]
     result = executor.run(argv, timeout)
-    results = P.parse_script_output(result.stdout, token, names)
+    results = P.parse_script_output(result.stdout, token, names, result.stderr)
     if names and not any(r.collected for r in results.values()):
         why = P.first_line(result.stderr) or f"exit {result.rc}"
         raise ExecutorError(executor.name, f"the probe script did not run: {why}")

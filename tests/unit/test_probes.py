@@ -224,17 +224,21 @@ def test_dcgm_diag_json_forms() -> None:
 
 def test_script_output_framing_round_trip() -> None:
     token = "0123456789abcdef"
-    text = (
+    out = (
         f"@@{token} B os-release\nID=ubuntu\n\n@@{token} E os-release 0 10.00 10.02\n"
         f"@@{token} B nvidia-smi-q.xml\n\n@@{token} E nvidia-smi-q.xml 9 10.02 10.50\n"
-        f"@@{token} S nvidia-smi-q.xml\nNVIDIA-SMI has failed\nline two\n@@{token} X nvidia-smi-q.xml\n"
         f"@@{token} B kube-node.json\n\n@@{token} E kube-node.json 200 10.5 10.5\n"
-        f"@@{token} S kube-node.json\nnot a Kubernetes node\n@@{token} X kube-node.json\n"
         f"@@{token} B kernel-log.txt\n[ 1.0] partial"
     )
+    err = (
+        f"@@{token} B os-release\n"
+        f"@@{token} B nvidia-smi-q.xml\nNVIDIA-SMI has failed\nline two\n"
+        f"@@{token} B kube-node.json\nnot a Kubernetes node\n"
+        f"@@{token} B kernel-log.txt\n"
+    )
     names = ["os-release", "nvidia-smi-q.xml", "kube-node.json", "kernel-log.txt", "packages.tsv"]
-    res = P.parse_script_output(text, token, names)
-    assert res["os-release"].stdout == "ID=ubuntu\n"
+    res = P.parse_script_output(out, token, names, err)
+    assert (res["os-release"].stdout, res["os-release"].stderr) == ("ID=ubuntu\n", "")
     assert res["os-release"].duration_s == pytest.approx(0.02)
     assert (res["nvidia-smi-q.xml"].rc, res["nvidia-smi-q.xml"].stderr) == (
         9,
@@ -268,7 +272,7 @@ def test_real_script_runs_under_sh_and_frames_each_probe(tmp_path: Path) -> None
     token = P.new_token()
     out = LocalExecutor("here").run(["sh", "-c", P.build_script(names, token)], 30)
     assert out.rc == 0
-    res = P.parse_script_output(out.stdout, token, names)
+    res = P.parse_script_output(out.stdout, token, names, out.stderr)
     assert all(r.collected for r in res.values()), {n: r.note for n, r in res.items()}
     assert P.parse_os_release(res["os-release"].stdout)["ID"]
     assert res["uname-r"].stdout.strip()

@@ -22,14 +22,28 @@ from loopback_sshd import LoopbackFleet, available
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "docs" / "examples" / "policy.yml"
 # Contract files a snapshot of any host has (the rest depend on what the host has).
-ALWAYS = {"meta.json", "os-release", "uname-r", "pci-devices.txt", "kernel-log.txt", "packages.tsv",
-          "service-processes.tsv", "secureboot.txt"}
+ALWAYS = {
+    "meta.json",
+    "os-release",
+    "uname-r",
+    "pci-devices.txt",
+    "kernel-log.txt",
+    "packages.tsv",
+    "service-processes.tsv",
+    "secureboot.txt",
+}
 
 
 def gpuprov(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "provisioner", *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "provisioner", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +51,11 @@ def snapshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fleet")
     vf.write_snapshot(root, "gpu1", vf.h200_probes())
     bad = vf.h200_probes()
-    bad["nvidia-smi-q.xml"] = (0, vf.set_gpu(vf.raw("nvidia-smi-q-x.xml"), "remapped_rows/remapped_row_pending",
-                                             "Yes"), "")
+    bad["nvidia-smi-q.xml"] = (
+        0,
+        vf.set_gpu(vf.raw("nvidia-smi-q-x.xml"), "remapped_rows/remapped_row_pending", "Yes"),
+        "",
+    )
     vf.write_snapshot(root, "gpu2", bad)
     return root
 
@@ -55,7 +72,10 @@ def test_verify_snapshot_json_and_exit_code(snapshots: Path) -> None:
     remap = [c for c in hosts["gpu2"]["checks"] if c["id"] == "gpu.memory_remap"]
     assert [(c["status"], c["gpu"]) for c in remap] == [("warn", 0)]
     # A warning alone does not fail the run with --fail-on fail.
-    assert gpuprov("verify", "--snapshot", str(snapshots), "--fail-on", "fail", "--format", "json").returncode == 0
+    assert (
+        gpuprov("verify", "--snapshot", str(snapshots), "--fail-on", "fail", "--format", "json").returncode
+        == 0
+    )
     limited = gpuprov("verify", "--snapshot", str(snapshots), "--limit", "gpu1", "--format", "json")
     assert [h["host"] for h in json.loads(limited.stdout)["hosts"]] == ["gpu1"]
 
@@ -68,8 +88,17 @@ def test_check_with_policy_shows_drift(snapshots: Path, tmp_path: Path) -> None:
     # The capture's host has no containerd and is no Kubernetes node: the example policy wants both.
     assert "containerd: no /etc/containerd/config.toml (policy.yml)" in res.stdout
     assert "expected a Kubernetes node (policy.yml)" in res.stdout
-    junit = gpuprov("check", "--snapshot", str(snapshots), "--policy", str(EXAMPLE_POLICY), "--format", "junit",
-                    "--output", str(out))
+    junit = gpuprov(
+        "check",
+        "--snapshot",
+        str(snapshots),
+        "--policy",
+        str(EXAMPLE_POLICY),
+        "--format",
+        "junit",
+        "--output",
+        str(out),
+    )
     assert junit.returncode == 1 and junit.stdout == ""
     assert out.read_text().startswith("<?xml")
 
@@ -110,10 +139,16 @@ def test_verify_local_is_honest_here() -> None:
     (host,) = doc["hosts"]
     statuses = [c["status"] for c in host["checks"]]
     assert res.returncode == (1 if set(statuses) & {"warn", "fail", "error"} else 0)
-    gpus_here = [d for d in Path("/sys/bus/pci/devices").glob("*")
-                 if (d / "vendor").read_text().strip() == "0x10de"
-                 and (d / "class").read_text().strip()[:6] in ("0x0300", "0x0302")] \
-        if Path("/sys/bus/pci/devices").exists() else []
+    gpus_here = (
+        [
+            d
+            for d in Path("/sys/bus/pci/devices").glob("*")
+            if (d / "vendor").read_text().strip() == "0x10de"
+            and (d / "class").read_text().strip()[:6] in ("0x0300", "0x0302")
+        ]
+        if Path("/sys/bus/pci/devices").exists()
+        else []
+    )
     present = next(c for c in host["checks"] if c["id"] == "gpu.present")
     assert present["status"] == ("pass" if gpus_here else "fail")
     if not gpus_here:
@@ -128,7 +163,7 @@ def test_snapshot_local_then_replay_matches_live(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     (host_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     files = {p.name for p in host_dir.iterdir()}
-    assert ALWAYS <= files
+    assert files >= ALWAYS
     assert files <= set(SNAPSHOT_PROBES) | {"meta.json"}
     meta = json.loads((host_dir / "meta.json").read_text())
     assert meta["host"] == host_dir.name and meta["collector"].startswith("gpuprov ")
@@ -141,7 +176,8 @@ def test_snapshot_local_then_replay_matches_live(tmp_path: Path) -> None:
     replayed = replay["hosts"][0]["checks"]
     stable = [c for c in CHECK_IDS if c not in ("dcgm.diag", "container.smoke")]
     assert [(c["id"], c["status"]) for c in live if c["id"] in stable] == [
-        (c["id"], c["status"]) for c in replayed if c["id"] in stable]
+        (c["id"], c["status"]) for c in replayed if c["id"] in stable
+    ]
     # A second snapshot into the same directory replaces the host's directory.
     assert gpuprov("snapshot", "--local", "-o", str(tmp_path)).returncode == 0
     assert [d.name for d in tmp_path.iterdir()] == [host_dir.name]
@@ -164,9 +200,18 @@ needs_sshd = pytest.mark.skipif(available() is not None, reason=str(available())
 
 
 def host_spec(name: str, address: str, fleet: LoopbackFleet, **extra: object) -> SimpleNamespace:
-    base = dict(name=name, address=address, port=fleet.port, user="root", private_key_file=fleet.client_key,
-                known_hosts_file=fleet.known_hosts, strict_host_key_checking=True, password=None,
-                groups=["gpu_nodes"], vars={})
+    base = dict(
+        name=name,
+        address=address,
+        port=fleet.port,
+        user="root",
+        private_key_file=fleet.client_key,
+        known_hosts_file=fleet.known_hosts,
+        strict_host_key_checking=True,
+        password=None,
+        groups=["gpu_nodes"],
+        vars={},
+    )
     base.update(extra)
     return SimpleNamespace(**base)
 
@@ -174,8 +219,11 @@ def host_spec(name: str, address: str, fleet: LoopbackFleet, **extra: object) ->
 @needs_sshd
 def test_verify_hosts_over_ssh_with_one_unreachable(tmp_path: Path) -> None:
     with LoopbackFleet(tmp_path / "sshd", count=2, first=81) as fleet:
-        hosts = [host_spec("a", "127.0.0.81", fleet), host_spec("dead", "127.0.0.89", fleet),
-                 host_spec("b", "127.0.0.82", fleet)]
+        hosts = [
+            host_spec("a", "127.0.0.81", fleet),
+            host_spec("dead", "127.0.0.89", fleet),
+            host_spec("b", "127.0.0.82", fleet),
+        ]
         report = verify_hosts(hosts, parallel=2, checks=["os.supported", "gpu.present", "gpu.xid"])
         local = verify_snapshot  # noqa: F841 - keeps the import honest for readers
         by_host = {h.host: h for h in report.hosts}
@@ -185,15 +233,18 @@ def test_verify_hosts_over_ssh_with_one_unreachable(tmp_path: Path) -> None:
             assert by_host[name].status_of("os.supported") == "pass"  # this machine is Debian 12
         dead = by_host["dead"]
         assert dead.error and "connection refused" in dead.error
-        assert [(f.id, f.status) for f in dead.findings] == [("os.supported", "error"), ("gpu.present", "error"),
-                                                              ("gpu.xid", "error")]
+        assert [(f.id, f.status) for f in dead.findings] == [
+            ("os.supported", "error"),
+            ("gpu.present", "error"),
+            ("gpu.xid", "error"),
+        ]
         assert all("connection refused" in f.detail for f in dead.findings)
         assert report.exit_code() == 1
 
         out = tmp_path / "snap"
         results = snapshot_hosts(hosts, out, parallel=3)
         assert [(r.host, bool(r.error)) for r in results] == [("a", False), ("dead", True), ("b", False)]
-        assert ALWAYS <= {p.name for p in (out / "a").iterdir()}
+        assert {p.name for p in (out / "a").iterdir()} >= ALWAYS
         dead_meta = json.loads((out / "dead" / "meta.json").read_text())
         assert "connection refused" in dead_meta["error"] and dead_meta["probes"] == {}
         replay = verify_snapshot(out, checks=["os.supported"])
