@@ -19,6 +19,7 @@ import yaml
 
 from provisioner.errors import InputError
 from provisioner.lab import faults, fleet, image, mirror, plan, runc_capfilter
+from provisioner.lab.engine import docker_cli
 from provisioner.lab.state import LabState
 from provisioner.lab.testkit import Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
@@ -358,10 +359,9 @@ def test_unreachable_host_drops_off_and_comes_back_with_its_address(lab: Lab) ->
 @pytest.mark.lab
 def test_second_up_keeps_the_hosts(lab: Lab) -> None:
     def ids() -> dict[str, str]:
-        out = subprocess.run(
-            ["docker", "ps", "--filter", f"label=gpuprov.lab={lab.name}", "--format", "{{.Names}} {{.ID}}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+        flt = f"label=gpuprov.lab={lab.name}"
+        argv = [docker_cli(), "ps", "--filter", flt, "--format", "{{.Names}} {{.ID}}"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         return dict(line.split() for line in out.splitlines())
 
     before = ids()
@@ -377,7 +377,7 @@ def test_second_up_keeps_the_hosts(lab: Lab) -> None:
 def test_lab_network_is_internal_without_forwarding_or_masquerade(lab: Lab) -> None:
     net = json.loads(
         subprocess.run(
-            ["docker", "network", "inspect", f"gpuprov-{lab.name}"],
+            [docker_cli(), "network", "inspect", f"gpuprov-{lab.name}"],
             capture_output=True,
             text=True,
             check=True,
@@ -415,9 +415,9 @@ def test_bad_up_input_exits_2_and_creates_nothing(lab: Lab) -> None:
 
 
 def _labelled(kind: str, name: str) -> list[str]:
-    args = ["docker", kind, "ls", "-q", "--filter", f"label=gpuprov.lab={name}"]
+    args = [docker_cli(), kind, "ls", "-q", "--filter", f"label=gpuprov.lab={name}"]
     if kind == "container":
-        args = ["docker", "ps", "-aq", "--filter", f"label=gpuprov.lab={name}"]
+        args = [docker_cli(), "ps", "-aq", "--filter", f"label=gpuprov.lab={name}"]
     return subprocess.run(args, capture_output=True, text=True, check=True).stdout.split()
 
 
