@@ -359,17 +359,23 @@ class SshExecutor:
             chan.exec_command(script)
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
-            while True:
-                progressed = False
+
+            def drain() -> bool:
+                got = False
                 while chan.recv_ready():
-                    out += chan.recv(1 << 16)
-                    progressed = True
+                    out.extend(chan.recv(1 << 16))
+                    got = True
                 while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(1 << 16)
-                    progressed = True
-                if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
-                if chan.closed:
+                    err.extend(chan.recv_stderr(1 << 16))
+                    got = True
+                return got
+
+            while True:
+                progressed = drain()
+                if chan.eof_received or chan.closed:
+                    # EOF/close come after all data, which is buffered by now: take what is left.
+                    while drain():
+                        pass
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -202,8 +204,9 @@ def test_ssh_auth_failure_and_refused_connection(fleet: LoopbackFleet, tmp_path:
 @needs_sshd
 def test_ssh_known_hosts_with_only_the_rsa_key(tmp_path: Path) -> None:
     """A host with ed25519 and RSA keys, only RSA recorded: ask for RSA, as OpenSSH does."""
-    with LoopbackFleet(tmp_path / "rsa", count=1, first=70, host_key_types=("ed25519", "rsa"),
-                       record_types=("rsa",)) as f:
+    with LoopbackFleet(
+        tmp_path / "rsa", count=1, first=70, host_key_types=("ed25519", "rsa"), record_types=("rsa",)
+    ) as f:
         assert "ssh-rsa" in f.known_hosts.read_text() and "ssh-ed25519" not in f.known_hosts.read_text()
         ex = SshExecutor(target(f))
         try:
@@ -217,3 +220,51 @@ def test_key_cache_reports_unreadable_known_hosts(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\xfe not text")
     with pytest.raises(InputError, match="cannot read known_hosts"):
         KEYS.known_hosts((bad,))
+
+
+class _RacingChannel:
+    """A channel whose last data, EOF and close land right after the client found both buffers empty."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(b"head\n")
+        self.eof_received = False
+        self.closed = False
+        self.status_event = threading.Event()
+        self.exit_status = 0
+        self._landed = False
+
+    def exec_command(self, command: str) -> None:
+        self.command = command
+
+    def shutdown_write(self) -> None:
+        return None
+
+    def recv_ready(self) -> bool:
+        return bool(self.buf)
+
+    def recv(self, n: int) -> bytes:
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def recv_stderr_ready(self) -> bool:
+        if not self.buf and not self._landed:
+            self._landed = True
+            self.buf += b"tail\n"
+            self.eof_received = self.closed = True
+            self.status_event.set()
+        return False
+
+    def recv_stderr(self, n: int) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        return None
+
+
+def test_ssh_keeps_data_that_lands_with_eof_and_close() -> None:
+    chan = _RacingChannel()
+    ex = SshExecutor(SshTarget(name="h", address="192.0.2.1"))
+    ex._transport = SimpleNamespace(is_active=lambda: True, open_session=lambda timeout: chan)  # type: ignore[assignment]
+    res = ex.run("probe", 5)
+    assert (res.rc, res.stdout) == (0, "head\ntail\n")
