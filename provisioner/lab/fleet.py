@@ -84,6 +84,12 @@ def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ip
         )
     if req.mirror_port is not None and not 1024 <= req.mirror_port <= 65535:
         raise InputError(f"--mirror-port {req.mirror_port}: use a port from 1024 to 65535")
+    if existing and req.mirror_port is not None and req.mirror_port != existing.mirror_port:
+        # Hosts have the mirror URL in their apt sources since they were made.
+        raise InputError(
+            f"--mirror-port {req.mirror_port}: lab {req.lab!r} serves its mirror on {existing.mirror_port} "
+            f"(gpuprov lab down --lab {req.lab} first)"
+        )
     return existing, count, profiles, net
 
 
@@ -110,8 +116,6 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
                 req.mirror_port or (st.mirror_port if st else DEFAULT_MIRROR_PORT),
                 progress,
             )
-        elif req.mirror_port is not None:
-            st.mirror_port = req.mirror_port
         st.image = host_image  # what new hosts are made from
         st.mirror_dir = str(mirror_dir)
         old_hosts = {h.name: h for h in st.hosts}
