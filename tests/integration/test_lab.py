@@ -415,10 +415,14 @@ def test_bad_up_input_exits_2_and_creates_nothing(lab: Lab) -> None:
 
 
 def _labelled(kind: str, name: str) -> list[str]:
-    args = [docker_cli(), kind, "ls", "-q", "--filter", f"label=gpuprov.lab={name}"]
-    if kind == "container":
-        args = [docker_cli(), "ps", "-aq", "--filter", f"label=gpuprov.lab={name}"]
-    return subprocess.run(args, capture_output=True, text=True, check=True).stdout.split()
+    """Names of the containers, networks or volumes that carry the lab's label."""
+    flt = ["--filter", f"label=gpuprov.lab={name}"]
+    args = {
+        "container": ["ps", "-a", *flt, "--format", "{{.Names}}"],
+        "network": ["network", "ls", *flt, "--format", "{{.Name}}"],
+        "volume": ["volume", "ls", *flt, "--format", "{{.Name}}"],
+    }[kind]
+    return subprocess.run([docker_cli(), *args], capture_output=True, text=True, check=True).stdout.split()
 
 
 @pytest.mark.lab
@@ -435,6 +439,17 @@ def test_a_second_lab_runs_beside_the_first_and_down_removes_all_of_it(lab: Lab)
         assert other.hosts["gpu1"].profile == "l40s"
         assert other.ssh("gpu1", "hostname").stdout.strip() == "gpu1"
         assert lab.ssh("gpu1", "hostname").stdout.strip() == "gpu1"
+        # `lab up` reconciles the host count: one more host (next default profile), then one fewer.
+        assert gpuprov("lab", "up", "--lab", name, "--hosts", "3").returncode == 0
+        grown = lab_from_inventory(name, other.inventory)
+        assert grown.hosts["gpu1"].profile == "l40s"
+        assert grown.hosts["gpu2"].profile == plan.DEFAULT_WORKER_PROFILES[1]
+        assert grown.ssh("gpu2", "cat /etc/gpuprov-lab/profile.json").returncode == 0
+        assert gpuprov("lab", "up", "--lab", name, "--hosts", "2").returncode == 0
+        assert sorted(lab_from_inventory(name, other.inventory).hosts) == ["cp1", "gpu1"]
+        assert grown.hosts["gpu2"].ip not in other.known_hosts.read_text()
+        assert sorted(_labelled("container", name)) == [f"gpuprov-{name}-cp1", f"gpuprov-{name}-gpu1"]
+        assert not [v for v in _labelled("volume", name) if "-gpu2-" in v]
         # Hosts of one lab cannot reach the other lab.
         cross = other.ssh(
             "gpu1", f"timeout 3 bash -c 'echo > /dev/tcp/{lab.hosts['gpu1'].ip}/22' 2>&1; echo rc=$?"
