@@ -9,7 +9,6 @@ containers share it, and ``modules.builtin`` is written for its release).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -162,17 +161,8 @@ def _mirror_from_sources(etc_apt: Path) -> str | None:
     return None
 
 
-def _digest(*parts: bytes | str) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        h.update(len(data).to_bytes(8, "big"))
-        h.update(data)
-    return h.hexdigest()
-
-
 def rootfs_stamp() -> str:
-    return _digest(SUITE, "minbase", *ROOTFS_PACKAGES)[:12]
+    return paths.digest(SUITE, "minbase", *ROOTFS_PACKAGES)[:12]
 
 
 def rootfs_dir() -> Path:
@@ -246,25 +236,6 @@ def ensure_base_image(docker: Docker, rootfs: Path, progress: Progress = _quiet)
     return tag
 
 
-def _tree_digest(root: Path) -> list[str]:
-    """Path, mode and content of every file in a tree, for the image hash."""
-    if not root.is_dir():
-        return ["(none)"]
-    parts: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            rel = p.relative_to(root).as_posix()
-            if p.is_symlink():
-                parts.append(f"{rel} -> {os.readlink(p)}")
-            else:
-                parts.append(
-                    f"{rel} {p.stat().st_mode & 0o7777:o} {hashlib.sha256(p.read_bytes()).hexdigest()}"
-                )
-    return parts
-
-
 def dockerfile_text(base: str) -> str:
     return DOCKERFILE.format(
         base=base,
@@ -277,7 +248,7 @@ def dockerfile_text(base: str) -> str:
 
 
 def host_image_tag(base: str, archive_key: bytes) -> str:
-    digest = _digest(dockerfile_text(base), SSHD_CONF, archive_key, *_tree_digest(HOSTFILES))
+    digest = paths.digest(dockerfile_text(base), SSHD_CONF, archive_key, *paths.tree_manifest(HOSTFILES))
     return f"{HOST_REPO}:{digest[:16]}"
 
 

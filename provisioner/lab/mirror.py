@@ -12,7 +12,6 @@ published at every vendor key path, so roles exercise their real key handling.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import importlib
 import os
 import re
@@ -67,11 +66,7 @@ APT_SETTINGS = (
 
 
 def _digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+    return paths.digest(*parts)[:16]
 
 
 def mirrors_root() -> Path:
@@ -206,7 +201,7 @@ def vendor_key_paths(repo: SimRepo) -> list[str]:
 
 def sim_inputs_digest() -> str:
     sim_dir = Path(__file__).parent / "sim"
-    return _digest(*image._tree_digest(sim_dir))
+    return _digest(*paths.tree_manifest(sim_dir))
 
 
 def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Progress) -> set[str]:

@@ -7,6 +7,7 @@ every lab (rootfs, .debs, mirror, signing key) under ``/var/cache/gpuprov/``. Bo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -99,3 +100,31 @@ class LabPaths:
 
     def volume(self, host: str, what: str) -> str:
         return f"gpuprov-{self.name}-{host}-{what}"
+
+
+def digest(*parts: bytes | str) -> str:
+    """sha256 over length-prefixed parts: the cache key of an image, a mirror part, a rootfs."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def tree_manifest(root: Path) -> list[str]:
+    """Path, mode and content hash of every file in a tree (symlinks by target), for cache keys."""
+    if not root.is_dir():
+        return ["(none)"]
+    parts: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                parts.append(f"{rel} -> {os.readlink(p)}")
+            else:
+                sha = hashlib.sha256(p.read_bytes()).hexdigest()
+                parts.append(f"{rel} {p.stat().st_mode & 0o7777:o} {sha}")
+    return parts
