@@ -59,12 +59,29 @@ class UpRequest:
 
 
 def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ipaddress.IPv4Network | None]:
-    """Every check on the request, before anything is touched."""
+    """Every check on the request, before anything is touched (arguments first, then the lab)."""
     paths.check_lab_name(req.lab)
+    if req.hosts is not None:
+        plan.check_host_count(req.hosts)
+    net = plan.parse_subnet(req.subnet) if req.subnet else None
+    if req.mirror_port is not None and not 1024 <= req.mirror_port <= 65535:
+        raise InputError(f"--mirror-port {req.mirror_port}: use a port from 1024 to 65535")
     existing = state.load(req.lab)
+    if existing and net and str(net) != existing.subnet:
+        raise InputError(
+            f"--subnet {net}: lab {req.lab!r} already uses {existing.subnet} "
+            f"(gpuprov lab down --lab {req.lab} first)"
+        )
+    if existing and req.mirror_port is not None and req.mirror_port != existing.mirror_port:
+        # Hosts have the mirror URL in their apt sources since they were made.
+        raise InputError(
+            f"--mirror-port {req.mirror_port}: lab {req.lab!r} serves its mirror on {existing.mirror_port} "
+            f"(gpuprov lab down --lab {req.lab} first)"
+        )
+    plan.known_profiles()  # the hardware emulation must load before anything is made
     profiles = plan.parse_profiles(req.profiles)
     if req.hosts is not None:
-        count = plan.check_host_count(req.hosts)
+        count = req.hosts
     elif profiles is not None:
         count = plan.check_host_count(len(profiles) + 1)
     elif existing is not None:
@@ -75,20 +92,6 @@ def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ip
         raise InputError(
             f"--profiles: {len(profiles)} profiles for {count - 1} GPU host(s); "
             f"use --hosts {len(profiles) + 1}"
-        )
-    net = plan.parse_subnet(req.subnet) if req.subnet else None
-    if existing and net and str(net) != existing.subnet:
-        raise InputError(
-            f"--subnet {net}: lab {req.lab!r} already uses {existing.subnet} "
-            f"(gpuprov lab down --lab {req.lab} first)"
-        )
-    if req.mirror_port is not None and not 1024 <= req.mirror_port <= 65535:
-        raise InputError(f"--mirror-port {req.mirror_port}: use a port from 1024 to 65535")
-    if existing and req.mirror_port is not None and req.mirror_port != existing.mirror_port:
-        # Hosts have the mirror URL in their apt sources since they were made.
-        raise InputError(
-            f"--mirror-port {req.mirror_port}: lab {req.lab!r} serves its mirror on {existing.mirror_port} "
-            f"(gpuprov lab down --lab {req.lab} first)"
         )
     return existing, count, profiles, net
 
