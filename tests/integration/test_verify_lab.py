@@ -1,0 +1,116 @@
+"""`gpuprov verify` against a bootstrapped lab: all clear, then each injected fault is reported by its
+check, on that host (and GPU) only, and an unreachable host is an error without hiding the others.
+
+Uses the session lab of tests/conftest.py (cp1, gpu1 = h200, gpu2 = h100-sxm-8).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from provisioner.lab.testkit import Lab, gpuprov
+
+pytestmark = pytest.mark.lab
+
+NEEDS = ("provisioner.bootstrap", "provisioner.inventory")
+
+
+def _missing() -> list[str]:
+    return [m for m in NEEDS if importlib.util.find_spec(m) is None]
+
+
+@pytest.fixture(scope="module")
+def bootstrapped(lab: Lab) -> Iterator[Lab]:
+    missing = _missing()
+    if missing:
+        pytest.skip(f"verify of a bootstrapped lab needs {', '.join(missing)}, not in this checkout yet")
+    res = gpuprov("bootstrap", "-i", str(lab.inventory), "--yes", timeout=3600)
+    assert res.returncode == 0, f"bootstrap failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    yield lab
+    for host in lab.hosts:
+        lab.cli("lab", "fault", host, "clear")
+
+
+def verify(lab: Lab, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    res = gpuprov("verify", "-i", str(lab.inventory), "--format", "json", *extra, timeout=600)
+    assert res.returncode in (0, 1), res.stderr
+    doc = json.loads(res.stdout)
+    return res.returncode, {h["host"]: h for h in doc["hosts"]}
+
+
+def findings(host: dict[str, Any], check_id: str) -> list[tuple[str, int | None]]:
+    return [(c["status"], c.get("gpu")) for c in host["checks"] if c["id"] == check_id]
+
+
+def test_bootstrapped_lab_verifies_clean(bootstrapped: Lab) -> None:
+    rc, hosts = verify(bootstrapped)
+    bad = {
+        name: [
+            (c["id"], c["status"], c["detail"]) for c in h["checks"] if c["status"] not in ("pass", "skip")
+        ]
+        for name, h in hosts.items()
+    }
+    assert rc == 0, bad
+    assert set(hosts) == set(bootstrapped.hosts)
+    for name, spec in bootstrapped.hosts.items():
+        if spec.gpu_count:
+            assert findings(hosts[name], "gpu.count") == [("pass", None)], name
+            assert findings(hosts[name], "driver.loaded") == [("pass", None)], name
+        else:
+            assert findings(hosts[name], "gpu.present") == [("skip", None)], name
+
+
+FAULTS = [
+    # kind, lab fault options, check, expected status
+    ("ecc", ("--gpu", "3"), "gpu.ecc", "fail"),
+    ("xid", ("--gpu", "3", "--xid", "79"), "gpu.xid", "fail"),
+    ("xid", ("--gpu", "3", "--xid", "13"), "gpu.xid", "warn"),
+    ("pcie", ("--gpu", "3"), "gpu.pcie_link", "warn"),
+    ("gpu-missing", ("--gpu", "3"), "gpu.count", "fail"),
+    ("remap-pending", ("--gpu", "3"), "gpu.memory_remap", "warn"),
+    ("remap-failure", ("--gpu", "3"), "gpu.memory_remap", "fail"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "check_id", "status"),
+    FAULTS,
+    ids=[f"{k}{'-' + o[-1] if k == 'xid' else ''}" for k, o, _, _ in FAULTS],
+)
+def test_fault_reported_by_its_check_on_that_host_only(
+    bootstrapped: Lab, kind: str, options: tuple[str, ...], check_id: str, status: str
+) -> None:
+    target = next(n for n, h in bootstrapped.hosts.items() if h.gpu_count >= 4)
+    inject = bootstrapped.cli("lab", "fault", target, kind, *options)
+    assert inject.returncode == 0, inject.stderr
+    try:
+        rc, hosts = verify(bootstrapped)
+    finally:
+        bootstrapped.cli("lab", "fault", target, "clear")
+    assert rc == 1
+    assert (status, 3) in findings(hosts[target], check_id), hosts[target]["checks"]
+    for name, host in hosts.items():
+        if name != target:
+            assert all(s in ("pass", "skip") for s, _ in findings(host, check_id)), (name, host["checks"])
+    # Only the faulty GPU is named.
+    assert {g for s, g in findings(hosts[target], check_id) if s == status} == {3}
+
+
+def test_unreachable_host_is_an_error_and_the_others_are_unaffected(bootstrapped: Lab) -> None:
+    target = next(n for n, h in bootstrapped.hosts.items() if h.gpu_count)
+    assert bootstrapped.cli("lab", "fault", target, "unreachable").returncode == 0
+    try:
+        rc, hosts = verify(bootstrapped, "--timeout", "30")
+    finally:
+        bootstrapped.cli("lab", "fault", target, "clear")
+    assert rc == 1
+    assert hosts[target]["error"]
+    assert {c["status"] for c in hosts[target]["checks"]} == {"error"}
+    for name, host in hosts.items():
+        if name != target:
+            assert "error" not in host and all(c["status"] in ("pass", "skip") for c in host["checks"]), name
