@@ -249,3 +249,47 @@ def test_verify_hosts_over_ssh_with_one_unreachable(tmp_path: Path) -> None:
         assert "connection refused" in dead_meta["error"] and dead_meta["probes"] == {}
         replay = verify_snapshot(out, checks=["os.supported"])
         assert {h.host: h.status for h in replay.hosts} == {"a": "pass", "b": "pass", "dead": "error"}
+
+
+class _Recorder:
+    """An executor that records the argv it is asked to run and answers like an empty host."""
+
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.argv: list[str] = []
+
+    def run(self, command: list[str] | str, timeout: float) -> object:
+        from provisioner.executors import CommandResult
+
+        self.argv = list(command)
+        return CommandResult(1, "", "sudo: a password is required", 0.01)
+
+    def close(self) -> None:
+        return None
+
+
+def test_become_runs_the_script_under_sudo_and_a_failed_start_is_an_error() -> None:
+    from provisioner.executors import ExecutorError
+    from provisioner.verification import collect, ssh_targets
+
+    spec = SimpleNamespace(
+        name="g1",
+        address="10.0.0.5",
+        port=2222,
+        user="ubuntu",
+        private_key_file="~/k",
+        known_hosts_file="~/kh",
+        strict_host_key_checking=True,
+        password=None,
+        groups=["gpu_nodes"],
+        vars={"ansible_become": "yes"},
+    )
+    (target,) = ssh_targets([spec])
+    assert target.become and target.address == "10.0.0.5" and target.groups == ("gpu_nodes",)
+    rec = _Recorder()
+    with pytest.raises(ExecutorError, match="the probe script did not run: sudo: a password is required"):
+        collect(rec, ["os-release"], 10, become=target.become)  # type: ignore[arg-type]
+    assert rec.argv[:5] == ["sudo", "-n", "--", "sh", "-c"]
+    root = SimpleNamespace(**{**vars(spec), "user": "root"})
+    assert not ssh_targets([root])[0].become
