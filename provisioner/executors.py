@@ -258,17 +258,24 @@ class SshExecutor:
     def _auth(self, transport: paramiko.Transport) -> None:
         import paramiko
 
+        agent = paramiko.Agent() if os.environ.get("SSH_AUTH_SOCK") else None
+        try:
+            self._try_keys(transport, agent)
+        finally:
+            if agent is not None:
+                agent.close()  # one agent connection per host would otherwise stay open for the run
+
+    def _try_keys(self, transport: paramiko.Transport, agent: paramiko.Agent | None) -> None:
+        import paramiko
+
         user = self.target.user
         tried: list[str] = []
         candidates: list[tuple[str, Any]] = []
         if self.target.private_key_file is not None:
             candidates.append((str(self.target.private_key_file), self.target.private_key_file))
-        if os.environ.get("SSH_AUTH_SOCK"):
-            try:
-                for agent_key in paramiko.Agent().get_keys():
-                    candidates.append((f"agent:{agent_key.get_name()}", agent_key))
-            except paramiko.SSHException:
-                pass
+        if agent is not None:
+            with contextlib.suppress(paramiko.SSHException):
+                candidates += [(f"agent:{k.get_name()}", k) for k in agent.get_keys()]
         if self.target.private_key_file is None:
             for ident in _DEFAULT_IDENTITIES:
                 path = Path("~/.ssh").expanduser() / ident
@@ -386,6 +393,8 @@ class SshExecutor:
             if not chan.status_event.wait(max(remaining, 1.0)):
                 raise CommandTimeout(self.name, f"no exit status within {timeout:g} s")
             rc = chan.exit_status
+            if rc == -1 and not transport.is_active():
+                raise HostUnreachable(self.name, "SSH connection lost before the command finished")
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise HostUnreachable(self.name, f"SSH session lost: {exc}") from exc
         finally:

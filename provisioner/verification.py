@@ -13,6 +13,7 @@ the reason and the other hosts are unaffected.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -61,6 +62,33 @@ class Target:
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
     become: bool = False
+
+
+class _OpenExecutors:
+    """Executors in use by a run, so that Ctrl-C can close their connections and let threads end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[int, Executor] = {}
+
+    def add(self, ex: Executor) -> None:
+        with self._lock:
+            self._by_id[id(ex)] = ex
+
+    def discard(self, ex: Executor) -> None:
+        with self._lock:
+            self._by_id.pop(id(ex), None)
+
+    def close_all(self) -> None:
+        with self._lock:
+            live = list(self._by_id.values())
+            self._by_id.clear()
+        for ex in live:
+            with contextlib.suppress(Exception):
+                ex.close()
+
+
+_LIVE = _OpenExecutors()
 
 
 def _truthy(value: Any) -> bool:
@@ -165,6 +193,7 @@ def _verify_target(target: Target, exp: Expectations, ids: list[str], timeout: f
     executor: Executor | None = None
     try:
         executor = target.open()
+        _LIVE.add(executor)
         if isinstance(executor, SnapshotExecutor):
             collected_at = str(executor.meta.get("collected_at") or collected_at)
         results = collect(executor, names, timeout, exp.container_smoke_image, target.become)
@@ -175,6 +204,7 @@ def _verify_target(target: Target, exp: Expectations, ids: list[str], timeout: f
         )
     finally:
         if executor is not None:
+            _LIVE.discard(executor)
             executor.close()
     facts = HostFacts(target.name, results)
     findings = evaluate(facts, exp, ids)
@@ -196,6 +226,7 @@ def _run_parallel(targets: Sequence[Target], work: Callable[[Target], R], parall
         reports = [f.result() for f in futures]
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)
+        _LIVE.close_all()  # blocked reads return at once; threads finish instead of holding exit
         done = sum(1 for f in futures if f.done())
         raise Interrupted(f"interrupted after {done} of {len(targets)} host(s)") from None
     pool.shutdown(wait=True)
@@ -411,11 +442,13 @@ def snapshot_targets(
         error: str | None = None
         try:
             executor = target.open()
+            _LIVE.add(executor)
             results = collect(executor, probes, timeout, None, target.become)
         except ExecutorError as exc:
             error = exc.reason
         finally:
             if executor is not None:
+                _LIVE.discard(executor)
                 executor.close()
         path = write_host_snapshot(out_dir, target.name, results, error, collected_at)
         count = sum(1 for r in (results or {}).values() if r.collected)

@@ -268,3 +268,26 @@ def test_ssh_keeps_data_that_lands_with_eof_and_close() -> None:
     ex._transport = SimpleNamespace(is_active=lambda: True, open_session=lambda timeout: chan)  # type: ignore[assignment]
     res = ex.run("probe", 5)
     assert (res.rc, res.stdout) == (0, "head\ntail\n")
+
+
+@needs_sshd
+def test_ssh_closing_the_connection_ends_a_running_command(fleet: LoopbackFleet) -> None:
+    """What Ctrl-C does to a fleet run: closing executors makes blocked runs return at once."""
+    ex = SshExecutor(target(fleet))
+    ex.connect()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            ex.run("sleep 30", 60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    time.sleep(0.5)
+    ex.close()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], HostUnreachable)
+    assert "connection lost" in str(errors[0])
