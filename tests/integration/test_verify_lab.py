@@ -25,10 +25,11 @@ def _missing() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def bootstrapped(lab: Lab) -> Iterator[Lab]:
+def bootstrapped(request: pytest.FixtureRequest) -> Iterator[Lab]:
     missing = _missing()
-    if missing:
+    if missing:  # checked before asking for the lab, so that no lab is brought up for nothing
         pytest.skip(f"verify of a bootstrapped lab needs {', '.join(missing)}, not in this checkout yet")
+    lab: Lab = request.getfixturevalue("lab")
     res = gpuprov("bootstrap", "-i", str(lab.inventory), "--yes", timeout=3600)
     assert res.returncode == 0, f"bootstrap failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     yield lab
