@@ -1,0 +1,60 @@
+"""Run records: one directory per run (events, stats, summary), kept for audit and `--retry-failed`.
+
+Records live under `$GPUPROV_HOME/runs/` (default `~/.gpuprov/runs/`), named `<UTC time>-<verb>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def home() -> Path:
+    return Path(os.environ.get("GPUPROV_HOME") or Path.home() / ".gpuprov")
+
+
+def runs_dir() -> Path:
+    return home() / "runs"
+
+
+def new_record(verb: str) -> Path:
+    """A fresh, unique run record directory."""
+    base = runs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        path = base / (f"{stamp}-{verb}" if n == 0 else f"{stamp}-{verb}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a run record under {base}")
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Write atomically: a crash never leaves a half-written record file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.replace(path)
+
+
+def latest(verb: str, where: str | None = None) -> Path | None:
+    """The newest record of `verb` whose summary says it ran against `where` (an inventory path)."""
+    base = runs_dir()
+    if not base.is_dir():
+        return None
+    for path in sorted(base.glob(f"*-{verb}*"), reverse=True):
+        summary = path / "summary.json"
+        if not summary.is_file():
+            continue
+        try:
+            doc = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        if where is None or doc.get("inventory") == where:
+            return path
+    return None

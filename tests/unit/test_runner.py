@@ -1,0 +1,100 @@
+"""ansible-runner integration: typed results from events, on a local-connection playbook."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from provisioner.runner import run_playbook
+
+PLAYBOOK = """
+- name: preflight
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Look around
+      ansible.builtin.command: "true"
+      changed_when: false
+- name: nvidia_driver
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Change something
+      ansible.builtin.command: "true"
+      changed_when: true
+    - name: REBOOT PENDING - the new driver needs a reboot
+      ansible.builtin.debug:
+        msg: pending
+      when: inventory_hostname == 'alpha'
+    - name: Break on beta
+      ansible.builtin.fail:
+        msg: "package install failed on {{ inventory_hostname }}"
+      when: inventory_hostname == 'beta'
+- name: cuda_toolkit
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Later stage
+      ansible.builtin.command: "true"
+      changed_when: false
+"""
+
+INVENTORY = """
+all:
+  vars:
+    ansible_python_interpreter: {python}
+  hosts:
+    alpha: {ansible_connection: local}
+    beta: {ansible_connection: local}
+    gamma: {ansible_host: 192.0.2.1, ansible_connection: ssh, ansible_ssh_common_args: "-o ConnectTimeout=2"}
+"""
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("runner")
+    (d / "site.yml").write_text(PLAYBOOK)
+    (d / "hosts.yml").write_text(INVENTORY.replace("{python}", sys.executable))
+    events = []
+    res = run_playbook(
+        d / "site.yml", d / "hosts.yml", record_dir=d / "record", forks=3, on_event=events.append
+    )
+    return res, events, d
+
+
+def test_stats_per_host(result) -> None:
+    res, _, _ = result
+    assert res.status == "failed"
+    assert res.stats["alpha"].changed == 1 and res.stats["alpha"].failed == 0
+    assert res.stats["beta"].failed == 1
+    assert res.stats["gamma"].unreachable == 1
+
+
+def test_stage_outcomes_and_failure_reasons(result) -> None:
+    res, _, _ = result
+    assert res.stages["alpha"] == {"preflight": "ok", "nvidia_driver": "changed", "cuda_toolkit": "ok"}
+    assert res.stages["beta"]["nvidia_driver"] == "failed"
+    assert "cuda_toolkit" not in res.stages["beta"]  # a failed host stops
+    (beta,) = [f for f in res.failures if f.host == "beta"]
+    assert (beta.stage, beta.task) == ("nvidia_driver", "Break on beta")
+    assert beta.message == "package install failed on beta"
+    (gamma,) = [f for f in res.failures if f.host == "gamma"]
+    assert gamma.unreachable and gamma.stage == "preflight"
+    assert res.failed_hosts() == ["beta", "gamma"]
+
+
+def test_reboot_pending_only_where_the_task_ran(result) -> None:
+    res, _, _ = result
+    assert res.reboot_pending == {"alpha"}
+
+
+def test_events_stream_and_record(result) -> None:
+    _, events, d = result
+    assert [e.stage for e in events if e.kind == "play_start"] == [
+        "preflight",
+        "nvidia_driver",
+        "cuda_toolkit",
+    ]
+    assert (d / "record" / "stats.json").is_file()
+    assert list((d / "record" / "runner" / "artifacts").rglob("job_events/*.json"))
