@@ -1,0 +1,64 @@
+"""Replays the snapshot `gpuprov snapshot --local` wrote on the real H200 host (docs/real-h200.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provisioner.policy import Policy
+from provisioner.verification import verify_snapshot
+
+SNAPSHOT = Path(__file__).resolve().parent.parent / "fixtures" / "snapshots" / "h200-device"
+
+# What the live `gpuprov verify --local` printed on that host (docs/real-h200.md), check by check.
+EXPECTED = {
+    "os.supported": "pass",
+    "gpu.present": "pass",
+    "gpu.count": "pass",
+    "driver.loaded": "pass",
+    "driver.version": "skip",
+    "driver.userspace_match": "pass",
+    "gpu.persistence": "pass",
+    "gpu.ecc": "pass",
+    "gpu.memory_remap": "pass",
+    "gpu.pcie_link": "pass",
+    "gpu.throttle": "pass",
+    "gpu.xid": "pass",
+    "cuda.version": "pass",
+    "packages.held": "skip",
+    "container_toolkit.runtime": "skip",
+    "services.active": "skip",
+    "k8s.node_ready": "skip",
+    "k8s.gpu_allocatable": "skip",
+    "dcgm.diag": "skip",
+    "container.smoke": "skip",
+}
+
+
+def test_replay_matches_the_live_run() -> None:
+    report = verify_snapshot(SNAPSHOT)
+    (host,) = report.hosts
+    assert host.host == "vm"
+    assert {cid: host.status_of(cid) for cid in EXPECTED} == EXPECTED
+    assert report.exit_code() == 0
+
+
+@pytest.mark.parametrize(
+    ("expected", "status"),
+    [("580", "pass"), ("580.159.04", "pass"), ("570", "fail"), ("580.95.05", "fail")],
+)
+def test_driver_version_policy_on_the_real_capture(expected: str, status: str) -> None:
+    policy = Policy(path=None, base={"driver.version": expected, "cuda.version": "13.0"})
+    (host,) = verify_snapshot(SNAPSHOT, policy).hosts
+    assert host.status_of("driver.version") == status
+    assert host.status_of("cuda.version") == "pass"
+
+
+def test_holds_policy_on_the_real_capture() -> None:
+    policy = Policy(path=None, base={"packages.held": ["libnccl2", "cuda-nvcc-13-0"]})
+    (host,) = verify_snapshot(SNAPSHOT, policy).hosts
+    # libnccl2 is held there, cuda-nvcc-13-0 is installed but not held
+    assert host.status_of("packages.held") == "fail"
+    detail = " ".join(f.detail for f in host.findings if f.id == "packages.held")
+    assert "cuda-nvcc-13-0" in detail
