@@ -1,0 +1,63 @@
+"""Part of the gpuprov lab simulation: the simulated vendor repositories and what they publish.
+
+``REPOS`` maps a repository key to its path under the lab mirror and its apt layout (docs/contracts.md,
+"Mirror layout"); :func:`all_packages` is every simulated package with the repositories it goes into.
+The Kubernetes side (kubeadm, kubelet, kubectl, helm, charts, CNI manifest) comes from
+``provisioner.lab.sim.kube`` when that module exists: it provides ``packages()`` and
+``extra_mirror_files()``.
+
+A package whose repo is :data:`DEBIAN` (the simulated kernel headers for the lab's running kernel) is
+published in the lab's Debian archive, where a real host finds ``linux-headers-$(uname -r)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from provisioner.lab.sim import nct, nvidia
+from provisioner.lab.sim.debs import SimPackage
+
+# Repo key of packages that belong in the distro archive (not a vendor repository).
+DEBIAN = "debian"
+
+REPOS: dict[str, tuple[str, Any]] = {
+    "cuda-debian12": ("cuda/repos/debian12/x86_64/", "flat"),
+    "nct": ("libnvidia-container/stable/deb/amd64/", "flat"),
+    "k8s-1.33": ("kubernetes/core:/stable:/v1.33/deb/", "flat"),
+    "k8s-1.34": ("kubernetes/core:/stable:/v1.34/deb/", "flat"),
+    "helm": ("helm-debian/any/", ("dists", "any", "main")),
+}
+
+
+def _kube() -> ModuleType | None:
+    """The Kubernetes simulation, when it is part of this checkout."""
+    try:
+        return importlib.import_module("provisioner.lab.sim.kube")
+    except ModuleNotFoundError as exc:
+        if exc.name != "provisioner.lab.sim.kube":
+            raise
+        return None
+
+
+def gpu_packages() -> list[SimPackage]:
+    """The NVIDIA side: driver branches, fabric manager, DCGM, CUDA toolkits, container toolkit."""
+    return [*nvidia.packages(), *nct.packages()]
+
+
+def all_packages() -> list[SimPackage]:
+    packages = gpu_packages()
+    kube = _kube()
+    if kube is not None:
+        packages += list(kube.packages())
+    return packages
+
+
+def extra_mirror_files() -> dict[str, bytes]:
+    """Files served by the mirror besides the repositories (helm chart repo, CNI manifest)."""
+    files: dict[str, bytes] = {}
+    kube = _kube()
+    if kube is not None and hasattr(kube, "extra_mirror_files"):
+        files.update(kube.extra_mirror_files())
+    return files

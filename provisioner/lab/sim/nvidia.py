@@ -1,0 +1,753 @@
+"""Part of the gpuprov lab simulation: the simulated packages of NVIDIA's CUDA repository (Debian 12).
+
+Real names, versions and file paths (docs/contracts.md, "Package versions"): driver branches 580
+(580.159.04, 580.95.05) and 570 (570.195.03) in open and proprietary kernel-module flavours, fabric
+manager, DCGM, CUDA toolkits 13.0 and 12.8, and the kernel headers of the lab's running kernel. The
+tools they install are thin wrappers around the lab image's emulation library
+(/usr/lib/gpuprov-lab/python/gpuprovsim), which answers from the host's simulated hardware.
+
+The kernel-module packages are real DKMS packages: their postinst runs Debian's dkms, which builds
+(with gcc) tiny ELF objects carrying the real module names and modinfo, and installs them under
+/lib/modules/$(uname -r)/updates/dkms/. So missing kernel headers, a failing build (the lab's
+``install-fail`` fault) and a half-configured package behave as they do on a real host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
+from provisioner.lab.sim.elf import shared_object
+
+CUDA_REPO = "cuda-debian12"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+PYLIB = "/usr/lib/gpuprov-lab/python"
+HOMEPAGE = "https://developer.nvidia.com/cuda-downloads"
+
+# Driver version → (branch, CUDA version its libcuda reports).
+DRIVERS: dict[str, tuple[str, str]] = {
+    "580.159.04": ("580", "13.0"),
+    "580.95.05": ("580", "13.0"),
+    "570.195.03": ("570", "12.8"),
+}
+DEBIAN_REVISION = "1"
+DCGM_VERSION = "1:4.4.1-1"
+# Module names as built (dkms BUILT_MODULE_NAME) and as the kernel names them.
+KERNEL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
+
+
+def tool(module: str, prog: str, **constants: str) -> SimFile:
+    """An executable that runs one entry point of the lab's emulation library."""
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
+    text = f"""#!/usr/bin/python3
+# {prog}: {SIMULATED}. Part of the gpuprov lab simulation; it answers from this lab host's
+# simulated hardware (/etc/gpuprov-lab/profile.json) and is not NVIDIA's program.
+import sys
+
+sys.path.insert(0, {PYLIB!r})
+from gpuprovsim import {module}  # noqa: E402
+
+sys.exit({module}.main({prog!r}, sys.argv[1:]{", " if args else ""}{args}))
+"""
+    return SimFile(text, 0o755)
+
+
+def _doc(name: str, what: str) -> dict[str, SimFile]:
+    return {
+        f"/usr/share/doc/{name}/README.simulated": SimFile(
+            f"{name}: {SIMULATED}.\n{what}\nIt exists only on gpuprov lab hosts; see provisioner/lab/sim.\n"
+        )
+    }
+
+
+LDCONFIG_TRIGGER = "activate-noawait ldconfig\n"
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+DKMS_CONF = """\
+# {label}: NVIDIA {flavour} kernel modules {version}
+PACKAGE_NAME="nvidia"
+PACKAGE_VERSION="{version}"
+AUTOINSTALL="yes"
+MAKE[0]="make modules KERNEL_UNAME=${{kernelver}} NV_FLAVOUR={flavour}"
+CLEAN="make clean"
+{modules}
+"""
+
+DKMS_MAKEFILE = """\
+# {label}: "builds" the NVIDIA kernel modules for KERNEL_UNAME. Each module is a tiny ELF object
+# compiled with the system's C compiler and carrying the real module name and modinfo (version,
+# license, vermagic), so dkms, depmod and modinfo handle it like a real module. It holds no driver
+# code; the lab's modprobe "loads" it into the simulated kernel state.
+KERNEL_UNAME ?= $(shell uname -r)
+NV_FLAVOUR ?= open
+CC ?= cc
+MODULES := {modules}
+
+modules: $(addsuffix .ko,$(MODULES))
+
+%.ko: sim-module.c
+\t@python3 {pylib}/gpuprovsim/dkmsbuild.py $* $(KERNEL_UNAME) $(NV_FLAVOUR) {version}
+\t$(CC) -c -o $@ -DSIM_NAME='"$(subst -,_,$*)"' -DSIM_VERSION='"{version}"' \\
+\t  -DSIM_LICENSE='"{license}"' -DSIM_VERMAGIC='"$(KERNEL_UNAME) SMP preempt mod_unload modversions "' \\
+\t  sim-module.c
+
+clean:
+\trm -f *.ko *.o
+
+.PHONY: modules clean
+"""
+
+MODULE_C = """\
+/* {label}: the modinfo of one simulated NVIDIA kernel module (no code). */
+#define SIM_INFO(tag, text) \\
+  static const char __sim_##tag[] __attribute__((section(".modinfo"), used, aligned(1))) = text
+SIM_INFO(version, "version=" SIM_VERSION);
+SIM_INFO(license, "license=" SIM_LICENSE);
+SIM_INFO(description, "description=NVIDIA kernel module, " "{label}");
+SIM_INFO(simulated, "simulated=gpuprov lab");
+SIM_INFO(name, "name=" SIM_NAME);
+SIM_INFO(vermagic, "vermagic=" SIM_VERMAGIC);
+"""
+
+
+def _dkms_postinst(version: str) -> str:
+    # What dh_dkms generates for a DKMS package (Debian 12's dkms 3.0.10).
+    return f"""DKMS_NAME=nvidia
+DKMS_VERSION={version}
+case "$1" in
+  configure)
+    /usr/lib/dkms/common.postinst "$DKMS_NAME" "$DKMS_VERSION" "" "" "$2" || exit $?
+  ;;
+esac
+"""
+
+
+def _dkms_prerm(version: str) -> str:
+    return f"""case "$1" in
+  remove|upgrade|deconfigure)
+    if [ "$(dkms status -m nvidia -v {version})" ]; then
+      dkms remove -m nvidia -v {version} --all
+    fi
+  ;;
+esac
+"""
+
+
+def _kernel_dkms(version: str, flavour: str) -> SimPackage:
+    open_ = flavour == "open"
+    name = "nvidia-kernel-open-dkms" if open_ else "nvidia-kernel-dkms"
+    other = "nvidia-kernel-dkms" if open_ else "nvidia-kernel-open-dkms"
+    full = f"{version}-{DEBIAN_REVISION}"
+    label = f"{SIMULATED} {name} {version}"
+    modules = "\n".join(
+        f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/kernel/drivers/video"'
+        for i, m in enumerate(KERNEL_MODULES)
+    )
+    src = f"/usr/src/nvidia-{version}"
+    kind = "Open GPU kernel modules (MIT/GPL)" if open_ else "proprietary kernel modules"
+    return SimPackage(
+        name=name,
+        version=full,
+        repo=CUDA_REPO,
+        description=f"NVIDIA binary kernel module DKMS source ({'open' if open_ else 'proprietary'} flavor)",
+        long_description=f"DKMS source of the NVIDIA {kind}, version {version}.",
+        depends=["dkms", f"nvidia-kernel-support (= {full})", f"firmware-nvidia-gsp (= {full})"],
+        conflicts=[other],
+        provides=[f"nvidia-kernel-dkms-any (= {version})"],
+        section="non-free/kernel",
+        homepage=HOMEPAGE,
+        files={
+            f"{src}/dkms.conf": SimFile(
+                DKMS_CONF.format(label=label, flavour=flavour, version=version, modules=modules)
+            ),
+            f"{src}/Makefile": SimFile(
+                DKMS_MAKEFILE.format(
+                    label=label,
+                    modules=" ".join(KERNEL_MODULES),
+                    pylib=PYLIB,
+                    version=version,
+                    license="Dual MIT/GPL" if open_ else "NVIDIA",
+                )
+            ),
+            f"{src}/sim-module.c": SimFile(MODULE_C.format(label=label)),
+            **_doc(name, f"DKMS source of the simulated NVIDIA {kind} {version}."),
+        },
+        maintainer_scripts={"postinst": _dkms_postinst(version), "prerm": _dkms_prerm(version)},
+    )
+
+
+def _driver_packages(version: str) -> list[SimPackage]:
+    _branch, cuda = DRIVERS[version]
+    full = f"{version}-{DEBIAN_REVISION}"
+    same = f"(= {full})"
+    label = f"{SIMULATED} NVIDIA driver {version}"
+    ml = f"{LIBDIR}/libnvidia-ml.so.{version}"
+    cu = f"{LIBDIR}/libcuda.so.{version}"
+    pkgs = [
+        _kernel_dkms(version, "open"),
+        _kernel_dkms(version, "proprietary"),
+        SimPackage(
+            name="nvidia-kernel-support",
+            version=full,
+            repo=CUDA_REPO,
+            description="NVIDIA binary kernel module support files",
+            depends=["nvidia-modprobe"],
+            section="non-free/kernel",
+            homepage=HOMEPAGE,
+            files={
+                "/etc/modprobe.d/nvidia-blacklists-nouveau.conf": SimFile(
+                    '# You need to run "update-initramfs -u" after editing this file.\n\n'
+                    "# see #580894\nblacklist nouveau\n"
+                ),
+                "/etc/modprobe.d/nvidia-options.conf": SimFile(
+                    "#options nvidia-current NVreg_DeviceFileUID=0 NVreg_DeviceFileGID=44 "
+                    "NVreg_DeviceFileMode=0660\n\n#options nvidia-current NVreg_EnableGpuFirmware=0\n"
+                ),
+                **_doc("nvidia-kernel-support", label),
+            },
+            conffiles=[
+                "/etc/modprobe.d/nvidia-blacklists-nouveau.conf",
+                "/etc/modprobe.d/nvidia-options.conf",
+            ],
+        ),
+        SimPackage(
+            name="firmware-nvidia-gsp",
+            version=full,
+            repo=CUDA_REPO,
+            description="NVIDIA GSP firmware",
+            section="non-free-firmware/kernel",
+            homepage=HOMEPAGE,
+            files={
+                f"/lib/firmware/nvidia/{version}/{fw}": SimFile(f"{label}: GSP firmware image {fw}\n")
+                for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin")
+            },
+        ),
+        SimPackage(
+            name="nvidia-modprobe",
+            version=full,
+            repo=CUDA_REPO,
+            description="utility to load NVIDIA kernel modules and create device nodes",
+            section="contrib/utils",
+            homepage=HOMEPAGE,
+            files={"/usr/bin/nvidia-modprobe": tool("kmod", "nvidia-modprobe", driver=version)},
+        ),
+        SimPackage(
+            name="libnvidia-ml1",
+            version=full,
+            repo=CUDA_REPO,
+            description="NVIDIA Management Library (NVML) runtime library",
+            section="non-free/libs",
+            homepage=HOMEPAGE,
+            files={
+                ml: SimFile(shared_object("libnvidia-ml.so.1", f"{label} libnvidia-ml")),
+                f"{LIBDIR}/libnvidia-ml.so.1": SimFile(link_to=os.path.basename(ml)),
+            },
+            maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
+        ),
+        SimPackage(
+            name="libcuda1",
+            version=full,
+            repo=CUDA_REPO,
+            description=f"NVIDIA CUDA Driver Library (CUDA {cuda})",
+            depends=[f"libnvidia-ml1 {same}"],
+            section="non-free/libs",
+            homepage=HOMEPAGE,
+            files={
+                cu: SimFile(shared_object("libcuda.so.1", f"{label} libcuda CUDA {cuda}")),
+                f"{LIBDIR}/libcuda.so.1": SimFile(link_to=os.path.basename(cu)),
+                f"{LIBDIR}/libcuda.so": SimFile(link_to="libcuda.so.1"),
+            },
+            maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
+        ),
+        SimPackage(
+            name="nvidia-smi",
+            version=full,
+            repo=CUDA_REPO,
+            description="NVIDIA System Management Interface",
+            depends=[f"libnvidia-ml1 {same}"],
+            section="non-free/utils",
+            homepage=HOMEPAGE,
+            files={"/usr/bin/nvidia-smi": tool("smi", "nvidia-smi", driver=version, cuda=cuda)},
+        ),
+        _persistenced(version),
+        SimPackage(
+            name="nvidia-driver-cuda",
+            version=full,
+            repo=CUDA_REPO,
+            description="NVIDIA driver CUDA integration components",
+            long_description=f"Headless NVIDIA driver {version} for compute (CUDA {cuda}).",
+            depends=[
+                f"nvidia-kernel-open-dkms {same} | nvidia-kernel-dkms {same}",
+                f"libcuda1 {same}",
+                f"libnvidia-ml1 {same}",
+                f"nvidia-smi {same}",
+                f"nvidia-persistenced {same}",
+                f"nvidia-modprobe {same}",
+                f"firmware-nvidia-gsp {same}",
+            ],
+            section="non-free/libs",
+            homepage=HOMEPAGE,
+            files=_doc("nvidia-driver-cuda", label),
+        ),
+        _fabricmanager(version),
+    ]
+    return pkgs
+
+
+PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+
+[Service]
+Type=forking
+PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
+Restart=always
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _systemd_scripts(unit: str, start: bool) -> dict[str, str]:
+    """What dh_installsystemd generates: enable on configure (and start when asked), stop on remove."""
+    started = (
+        f"""    if [ -d /run/systemd/system ]; then
+      systemctl --system daemon-reload >/dev/null || true
+      deb-systemd-invoke restart '{unit}' >/dev/null || true
+    fi
+"""
+        if start
+        else """    if [ -d /run/systemd/system ]; then
+      systemctl --system daemon-reload >/dev/null || true
+    fi
+"""
+    )
+    return {
+        "postinst": f"""case "$1" in configure|abort-upgrade|abort-deconfigure) true;; *) exit 0;; esac
+if true; then
+  if deb-systemd-helper debian-installed '{unit}'; then
+    deb-systemd-helper unmask '{unit}' >/dev/null || true
+    if deb-systemd-helper --quiet was-enabled '{unit}'; then
+      deb-systemd-helper enable '{unit}' >/dev/null || true
+    else
+      deb-systemd-helper update-state '{unit}' >/dev/null || true
+    fi
+  else
+    deb-systemd-helper unmask '{unit}' >/dev/null || true
+    deb-systemd-helper enable '{unit}' >/dev/null || true
+  fi
+{started}fi
+""",
+        "prerm": f"""if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
+  deb-systemd-invoke stop '{unit}' >/dev/null || true
+fi
+""",
+        "postrm": f"""if [ -d /run/systemd/system ]; then
+  systemctl --system daemon-reload >/dev/null || true
+fi
+if [ "$1" = "remove" ]; then
+  if [ -x "/usr/bin/deb-systemd-helper" ]; then
+    deb-systemd-helper mask '{unit}' >/dev/null || true
+  fi
+fi
+if [ "$1" = "purge" ]; then
+  if [ -x "/usr/bin/deb-systemd-helper" ]; then
+    deb-systemd-helper purge '{unit}' >/dev/null || true
+    deb-systemd-helper unmask '{unit}' >/dev/null || true
+  fi
+fi
+""",
+    }
+
+
+def _persistenced(version: str) -> SimPackage:
+    full = f"{version}-{DEBIAN_REVISION}"
+    scripts = _systemd_scripts("nvidia-persistenced.service", start=True)
+    scripts["postinst"] = (
+        'if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then\n'
+        "  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "
+        '--comment "NVIDIA Persistence Daemon" nvidia-persistenced\nfi\n' + scripts["postinst"]
+    )
+    return SimPackage(
+        name="nvidia-persistenced",
+        version=full,
+        repo=CUDA_REPO,
+        description="daemon to maintain persistent software state in the NVIDIA driver",
+        depends=[f"libnvidia-ml1 (= {full})"],
+        section="contrib/utils",
+        homepage=HOMEPAGE,
+        files={
+            "/usr/bin/nvidia-persistenced": tool("daemons", "nvidia-persistenced", driver=version),
+            "/lib/systemd/system/nvidia-persistenced.service": SimFile(PERSISTENCED_UNIT),
+        },
+        maintainer_scripts=scripts,
+    )
+
+
+FABRICMANAGER_UNIT = """\
+[Unit]
+Description=NVIDIA fabric manager service
+After=network-online.target
+Requires=network-online.target
+
+[Service]
+User=root
+PrivateTmp=false
+Type=forking
+TimeoutStartSec=240
+
+ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
+
+PIDFile=/var/run/nvidia-fabricmanager/nv-fabricmanager.pid
+LimitCORE=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+FABRICMANAGER_CFG = """\
+# NVIDIA Fabric Manager configuration ({label})
+# Fabric Manager log file name and location
+LOG_FILE_NAME=/var/log/fabricmanager.log
+# 0 - Critical, 1 - Error, 2 - Warning, 3 - Info, 4 - Debug
+LOG_LEVEL=4
+LOG_APPEND_TO_LOG=1
+LOG_FILE_MAX_SIZE=1024
+LOG_USE_SYSLOG=0
+DAEMONIZE=1
+BIND_INTERFACE_IP=127.0.0.1
+STARTING_TCP_PORT=16000
+FABRIC_MODE=0
+FABRIC_MODE_RESTART=0
+STATE_FILE_NAME=/tmp/fabricmanager.state
+FM_CMD_BIND_INTERFACE=127.0.0.1
+FM_CMD_PORT_NUMBER=6666
+FM_STAY_RESIDENT_ON_FAILURES=0
+ACCESS_LINK_FAILURE_MODE=0
+TRUNK_LINK_FAILURE_MODE=0
+NVSWITCH_FAILURE_MODE=0
+ABORT_CUDA_JOBS_ON_FM_EXIT=1
+TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch
+"""
+
+
+def _fabricmanager(version: str) -> SimPackage:
+    branch, _ = DRIVERS[version]
+    full = f"{version}-{DEBIAN_REVISION}"
+    others = sorted({b for b, _ in DRIVERS.values()} - {branch})
+    cfg = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
+    label = f"{SIMULATED} fabric manager {version}"
+    return SimPackage(
+        name=f"nvidia-fabricmanager-{branch}",
+        version=full,
+        repo=CUDA_REPO,
+        description="Fabric Manager for NVSwitch based systems.",
+        conflicts=[f"nvidia-fabricmanager-{b}" for b in others],
+        provides=["nvidia-fabricmanager"],
+        section="multiverse/devel",
+        homepage=HOMEPAGE,
+        files={
+            "/usr/bin/nv-fabricmanager": tool("daemons", "nv-fabricmanager", driver=version),
+            cfg: SimFile(FABRICMANAGER_CFG.format(label=label)),
+            "/lib/systemd/system/nvidia-fabricmanager.service": SimFile(FABRICMANAGER_UNIT),
+            **_doc(f"nvidia-fabricmanager-{branch}", label),
+        },
+        conffiles=[cfg],
+        maintainer_scripts=_systemd_scripts("nvidia-fabricmanager.service", start=True),
+    )
+
+
+# -------------------------------------------------------------------------------------------- DCGM
+
+DCGM_UNIT = """\
+[Unit]
+Description=NVIDIA DCGM service
+Conflicts=dcgm.service
+
+[Service]
+User=root
+PrivateTmp=false
+
+ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+
+Restart=on-abort
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _dcgm_packages() -> list[SimPackage]:
+    upstream = DCGM_VERSION.split(":", 1)[1].rsplit("-", 1)[0]
+    core = SimPackage(
+        name="datacenter-gpu-manager-4-core",
+        version=DCGM_VERSION,
+        repo=CUDA_REPO,
+        description="NVIDIA® Datacenter GPU Management Tools",
+        long_description=f"DCGM {upstream}: nv-hostengine and dcgmi.",
+        depends=["libc6"],
+        section="multiverse/devel",
+        homepage="https://developer.nvidia.com/dcgm",
+        files={
+            "/usr/bin/nv-hostengine": tool("dcgm", "nv-hostengine", dcgm=upstream),
+            "/usr/bin/dcgmi": tool("dcgm", "dcgmi", dcgm=upstream),
+            "/lib/systemd/system/nvidia-dcgm.service": SimFile(DCGM_UNIT),
+        },
+        maintainer_scripts={
+            "postinst": 'if [ "$1" = configure ] && ! getent passwd nvidia-dcgm >/dev/null; then\n'
+            "  useradd --system --no-create-home --home-dir /var/lib/nvidia-dcgm --shell /usr/sbin/nologin "
+            "nvidia-dcgm\nfi\n"
+            "if [ -d /run/systemd/system ]; then systemctl --system daemon-reload >/dev/null || true; fi\n",
+            "prerm": 'if [ -d /run/systemd/system ] && [ "$1" = remove ]; then\n'
+            "  deb-systemd-invoke stop nvidia-dcgm.service >/dev/null || true\nfi\n",
+        },
+    )
+    flavours = []
+    plugins = "/usr/libexec/datacenter-gpu-manager-4/plugins"
+    for cuda in ("12", "13"):
+        flavours.append(
+            SimPackage(
+                name=f"datacenter-gpu-manager-4-cuda{cuda}",
+                version=DCGM_VERSION,
+                repo=CUDA_REPO,
+                description=f"NVIDIA® Datacenter GPU Management Tools - CUDA {cuda} support",
+                depends=[f"datacenter-gpu-manager-4-core (= {DCGM_VERSION})"],
+                section="multiverse/devel",
+                homepage="https://developer.nvidia.com/dcgm",
+                files={
+                    f"{plugins}/cuda{cuda}/libpluginsoftware.so.4": SimFile(
+                        shared_object(
+                            "libpluginsoftware.so.4", f"{SIMULATED} DCGM diagnostic plugin CUDA {cuda}"
+                        )
+                    ),
+                    f"{plugins}/cuda{cuda}/VERSION": SimFile(f"{upstream} cuda{cuda}\n"),
+                },
+            )
+        )
+    return [core, *flavours]
+
+
+# -------------------------------------------------------------------------------------------- CUDA
+
+# Toolkit meta version → (release, nvcc version, nvcc build line, build date, config-common version, priority)
+TOOLKITS = {
+    "13.0.2": (
+        "13.0",
+        "13.0.88",
+        "cuda_13.0.r13.0/compiler.36424714_0",
+        "Wed_Aug_20_01:58:59_PM_PDT_2025",
+        "13.0.96",
+        130,
+    ),
+    "12.8.1": (
+        "12.8",
+        "12.8.93",
+        "cuda_12.8.r12.8/compiler.35583870_0",
+        "Fri_Feb_21_20:23:50_PST_2025",
+        "12.8.90",
+        128,
+    ),
+}
+
+NVCC = """#!/bin/sh
+# nvcc: {label}. Prints what the real nvcc of this toolkit prints for --version; it compiles nothing.
+case "$1" in
+  --version|-V)
+    cat <<'EOF'
+nvcc: NVIDIA (R) Cuda compiler driver
+Copyright (c) 2005-2025 NVIDIA Corporation
+Built on {built}
+Cuda compilation tools, release {release}, V{nvcc}
+Build {build}
+EOF
+    ;;
+  "")
+    echo "nvcc fatal   : No input files specified; use option --help for more information" >&2
+    exit 1
+    ;;
+  *)
+    echo "nvcc fatal   : {label}: this nvcc cannot compile" >&2
+    exit 1
+    ;;
+esac
+"""
+
+
+def _cuda_packages() -> list[SimPackage]:
+    pkgs: list[SimPackage] = []
+    seen_common = False
+    for meta, (release, nvcc, build, built, common, priority) in TOOLKITS.items():
+        major, minor = release.split(".")
+        dash = f"{major}-{minor}"
+        prefix = f"/usr/local/cuda-{release}"
+        label = f"{SIMULATED} CUDA {meta}"
+        version_json = {
+            "cuda": {"name": "CUDA SDK", "version": meta},
+            "cuda_cudart": {"name": "CUDA Runtime (cudart)", "version": common},
+            "cuda_nvcc": {"name": "CUDA NVCC", "version": nvcc},
+            "simulated": {"name": "gpuprov lab", "version": SIMULATED},
+        }
+        pkgs += [
+            SimPackage(
+                name=f"cuda-toolkit-{dash}",
+                version=f"{meta}-1",
+                repo=CUDA_REPO,
+                description=f"CUDA Toolkit {release} meta-package",
+                depends=[
+                    f"cuda-nvcc-{dash} (>= {nvcc})",
+                    f"cuda-toolkit-{dash}-config-common",
+                    f"cuda-toolkit-{major}-config-common",
+                    "cuda-toolkit-config-common",
+                ],
+                section="multiverse/devel",
+                homepage=HOMEPAGE,
+                files={f"{prefix}/version.json": SimFile(json.dumps(version_json, indent=3) + "\n")},
+            ),
+            SimPackage(
+                name=f"cuda-nvcc-{dash}",
+                version=f"{nvcc}-1",
+                repo=CUDA_REPO,
+                description="CUDA nvcc",
+                section="multiverse/devel",
+                homepage=HOMEPAGE,
+                files={
+                    f"{prefix}/bin/nvcc": SimFile(
+                        NVCC.format(label=label, built=built, release=release, nvcc=nvcc, build=build), 0o755
+                    ),
+                    f"{prefix}/bin/nvcc.profile": SimFile(
+                        "\nTOP              = $(_HERE_)/..\n\nNVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice\n\n"
+                        "LD_LIBRARY_PATH += $(TOP)/lib:\nPATH            += $(TOP)/nvvm/bin:$(_HERE_):\n"
+                    ),
+                },
+            ),
+            SimPackage(
+                name=f"cuda-toolkit-{dash}-config-common",
+                version=f"{common}-1",
+                repo=CUDA_REPO,
+                arch="all",
+                description=f"Common config package for CUDA Toolkit {release}.",
+                section="multiverse/devel",
+                homepage=HOMEPAGE,
+                files=_doc(f"cuda-toolkit-{dash}-config-common", label),
+                maintainer_scripts={
+                    "postinst": f"""if [ "$1" = configure ]; then
+  update-alternatives --install /usr/local/cuda cuda {prefix} {priority}
+  update-alternatives --install /usr/local/cuda-{major} cuda-{major} {prefix} {priority}
+fi
+""",
+                    "prerm": f"""if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
+  update-alternatives --remove cuda {prefix}
+  update-alternatives --remove cuda-{major} {prefix}
+fi
+""",
+                },
+            ),
+            SimPackage(
+                name=f"cuda-toolkit-{major}-config-common",
+                version=f"{common}-1",
+                repo=CUDA_REPO,
+                arch="all",
+                description=f"Common config package for CUDA Toolkit {major}.",
+                section="multiverse/devel",
+                homepage=HOMEPAGE,
+                files={
+                    f"/etc/ld.so.conf.d/988_cuda-{major}.conf": SimFile(
+                        f"/usr/local/cuda-{major}/targets/x86_64-linux/lib\n"
+                    )
+                },
+                conffiles=[f"/etc/ld.so.conf.d/988_cuda-{major}.conf"],
+            ),
+        ]
+        if not seen_common:
+            seen_common = True
+            pkgs.append(
+                SimPackage(
+                    name="cuda-toolkit-config-common",
+                    version=f"{common}-1",
+                    repo=CUDA_REPO,
+                    arch="all",
+                    description="Common config package for CUDA Toolkit.",
+                    section="multiverse/devel",
+                    homepage=HOMEPAGE,
+                    files={
+                        "/etc/ld.so.conf.d/000_cuda.conf": SimFile(
+                            "/usr/local/cuda/targets/x86_64-linux/lib\n"
+                        )
+                    },
+                    conffiles=["/etc/ld.so.conf.d/000_cuda.conf"],
+                )
+            )
+    return pkgs
+
+
+# ---------------------------------------------------------------------------------- kernel headers
+
+HEADERS_MAKEFILE = """\
+# {label}: the kernel build tree of {release}. DKMS needs /lib/modules/$(uname -r)/build to exist;
+# the simulated NVIDIA modules bring their own Makefile, so this one only answers kbuild's basics.
+KERNELRELEASE = {release}
+VERSION = {major}
+PATCHLEVEL = {minor}
+SUBLEVEL = {sub}
+
+kernelrelease:
+\t@echo $(KERNELRELEASE)
+
+modules clean modules_install:
+\t@echo "{label}: nothing to do for $@"
+"""
+
+
+def kernel_release() -> str:
+    """The lab's running kernel (the containers share the controller's)."""
+    return os.uname().release
+
+
+def headers_package(release: str | None = None) -> SimPackage:
+    """linux-headers-<release> for the running kernel, as the distro archive would carry it."""
+    release = release or kernel_release()
+    name = f"linux-headers-{release}".lower()
+    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", release)
+    major, minor, sub = (m.group(1), m.group(2), m.group(3) or "0") if m else ("0", "0", "0")
+    label = f"{SIMULATED} kernel headers"
+    tree = f"/usr/src/linux-headers-{release}"
+    return SimPackage(
+        name=name,
+        version=f"{major}.{minor}.{sub}-1",
+        repo="debian",
+        description=f"Header files for Linux {release}",
+        long_description="This package provides kernel header files for the lab's running kernel.",
+        section="kernel",
+        files={
+            f"{tree}/Makefile": SimFile(
+                HEADERS_MAKEFILE.format(label=label, release=release, major=major, minor=minor, sub=sub)
+            ),
+            f"{tree}/.config": SimFile(
+                f"#\n# {label}\n# Linux/x86 {release} Kernel Configuration\n#\n"
+                'CONFIG_CC_VERSION_TEXT="gcc (Debian 12.2.0-14) 12.2.0"\nCONFIG_MODULES=y\n'
+                "CONFIG_MODULE_UNLOAD=y\nCONFIG_MODVERSIONS=y\nCONFIG_X86_64=y\n"
+            ),
+            f"{tree}/include/config/kernel.release": SimFile(release + "\n"),
+            f"{tree}/include/generated/utsrelease.h": SimFile(f'#define UTS_RELEASE "{release}"\n'),
+            f"{tree}/Module.symvers": SimFile(""),
+            f"/lib/modules/{release}/build": SimFile(link_to=tree),
+        },
+    )
+
+
+def packages() -> list[SimPackage]:
+    pkgs: list[SimPackage] = []
+    for version in DRIVERS:
+        pkgs += _driver_packages(version)
+    # One fabric manager package name per branch: every version of it is published.
+    pkgs += _dcgm_packages()
+    pkgs += _cuda_packages()
+    pkgs.append(headers_package())
+    return pkgs
