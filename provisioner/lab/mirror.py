@@ -55,6 +55,8 @@ DISTRO_PACKAGES = [
     "ipvsadm",
 ]
 KEY_NAME = "gpuprov-lab-archive"
+# Inside a built sim part: sim packages that belong in the Debian archive (e.g. kernel headers).
+DEBIAN_POOL = ".debian-pool"
 # apt settings of this machine that the resolver chroot must share (proxies, archive validity).
 APT_SETTINGS = (
     "Acquire::http::Proxy",
@@ -209,6 +211,7 @@ def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Prog
     packages (so their Depends on each other are not resolved from Debian)."""
     catalog, debs = _sim()
     repos = {r.key: r for r in sim_repos(catalog)}
+    debian_key = getattr(catalog, "DEBIAN", "debian")
     packages = list(catalog.all_packages())
     progress(f"mirror: building {len(packages)} simulated packages")
     build_dir = target / ".build"
@@ -217,9 +220,11 @@ def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Prog
         deb = Path(debs.build_deb(pkg, build_dir))
         for repo_key in _package_repos(pkg):
             repo = repos.get(repo_key)
-            if repo is None:
+            if repo_key == debian_key:
+                dest = target / DEBIAN_POOL  # published in the lab's Debian archive
+            elif repo is None:
                 raise LabError(f"sim package {pkg.name!r}: repository {repo_key!r} is not in catalog.REPOS")
-            if repo.layout == "flat":
+            elif repo.layout == "flat":
                 dest = target / repo.path
             else:
                 _, _suite, component = repo.layout
@@ -362,6 +367,19 @@ def resolve_debian(packages: Iterable[str], rootfs: Path, progress: Progress) ->
     return debs
 
 
+def resolved_debs(resolution: str, wanted: list[str], rootfs: Path, progress: Progress) -> list[Path]:
+    """The Debian .debs for a package list, resolved once per list and rootfs (the record names them)."""
+    record = paths.cache_root() / "resolver" / f"resolved-{resolution}.txt"
+    if record.exists():
+        files = [debs_cache() / name for name in record.read_text().split()]
+        if files and all(f.exists() for f in files):
+            return files
+    debs = resolve_debian(wanted, rootfs, progress)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("".join(f"{d.name}\n" for d in debs))
+    return debs
+
+
 def build_debian_part(target: Path, debs: list[Path], key: ArchiveKey, gpg: list[str]) -> None:
     pool = target / "pool" / "main"
     pool.mkdir(parents=True)
@@ -395,14 +413,16 @@ def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) ->
             os.replace(tmp, sim_part)
         sim_depends = (sim_part / ".sim-depends").read_text().split()
         wanted = sorted(set(DISTRO_PACKAGES) | set(sim_depends))
-        deb_hash = _digest(FORMAT, key.fingerprint, image.rootfs_stamp(), *wanted)
+        sim_debian = sorted((sim_part / DEBIAN_POOL).glob("*.deb"))
+        resolution = _digest(FORMAT, image.rootfs_stamp(), *wanted)
+        deb_hash = _digest(FORMAT, key.fingerprint, resolution, *paths.tree_manifest(sim_part / DEBIAN_POOL))
         deb_part = parts / f"debian-{deb_hash}"
         if not (deb_part / ".complete").exists():
             shutil.rmtree(deb_part, ignore_errors=True)
-            debs = resolve_debian(wanted, rootfs, progress)
+            debs = resolved_debs(resolution, wanted, rootfs, progress)
             tmp = parts / f".debian-{deb_hash}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            build_debian_part(tmp, debs, key, gpg)
+            build_debian_part(tmp, debs + sim_debian, key, gpg)
             (tmp / ".complete").touch()
             os.replace(tmp, deb_part)
     mirror_hash = _digest(FORMAT, sim_hash, deb_hash)
@@ -417,6 +437,7 @@ def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) ->
     _link_tree(sim_part, tmp)
     for marker in (".complete", ".sim-depends", "debian/.complete"):
         (tmp / marker).unlink(missing_ok=True)
+    shutil.rmtree(tmp / DEBIAN_POOL, ignore_errors=True)
     _write(tmp / f"{KEY_NAME}.asc", key.armored)
     _write(tmp / f"{KEY_NAME}.gpg", key.public)
     (tmp / ".parts").write_text(f"{sim_part.name}\n{deb_part.name}\n")

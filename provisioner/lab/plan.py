@@ -17,7 +17,7 @@ from typing import Any
 from provisioner.errors import InputError, LabError
 
 CONTROL_PLANE = "cp1"
-NO_GPU = "none"
+NO_GPU = "cpu"  # the control plane's profile: a host without GPUs
 DEFAULT_WORKER_PROFILES = ("h200", "h100-sxm-8", "a100-4", "l40s")
 MAX_HOSTS = 64
 DEFAULT_HOSTS = 3
@@ -63,15 +63,11 @@ def known_profiles() -> dict[str, int]:
 def profile_document(spec: HostSpec) -> dict[str, Any]:
     """profile.json for a host, as the in-host emulation reads it."""
     mod = sim_profiles()
-    profile = spec.profile if spec.profile in mod.PROFILES else None
-    if profile is None and spec.profile != NO_GPU:
+    if spec.profile not in mod.PROFILES:
         raise LabError(f"host {spec.name}: profile {spec.profile!r} is not in provisioner.lab.sim.profiles")
-    if profile is None:
-        # The control plane has no GPU; the emulation needs only to know that.
-        return {"hostname": spec.name, "profile": NO_GPU, "gpu_count": 0, "gpus": []}
-    doc = mod.profile_document(profile, spec.name)
+    doc = mod.profile_document(spec.profile, spec.name)
     if not isinstance(doc, dict):
-        raise LabError(f"provisioner.lab.sim.profiles.profile_document({profile!r}) did not return a mapping")
+        raise LabError(f"provisioner.lab.sim.profiles.profile_document({spec.profile!r}) gave no mapping")
     return doc
 
 

@@ -104,13 +104,13 @@ def _state(hosts: list[tuple[str, str, int]]) -> LabState:
 def test_fault_requests_are_validated(
     host: str, kind: str, gpu: int | None, xid: int | None, names: str
 ) -> None:
-    st = _state([("cp1", "none", 0), ("gpu1", "h200", 1), ("gpu2", "h100-sxm-8", 8)])
+    st = _state([("cp1", "cpu", 0), ("gpu1", "h200", 1), ("gpu2", "h100-sxm-8", 8)])
     with pytest.raises(InputError, match=re.escape(names)):
         faults.build_fault(st, host, kind, gpu, xid)
 
 
 def test_fault_entries_follow_the_faults_json_contract() -> None:
-    st = _state([("cp1", "none", 0), ("gpu1", "h100-sxm-8", 8)])
+    st = _state([("cp1", "cpu", 0), ("gpu1", "h100-sxm-8", 8)])
     assert faults.build_fault(st, "gpu1", "xid", 3, 48) == {"kind": "xid", "gpu": 3, "xid": 48}
     assert faults.build_fault(st, "gpu1", "xid", None, None) == {
         "kind": "xid",
