@@ -193,6 +193,59 @@ def snapshot(
     return 1 if any(r.error for r in results) else 0
 
 
+@app.command("upgrade-driver")
+def upgrade_driver(
+    inventory: InventoryOpt = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="Driver branch (580) or version (580.159.04) to upgrade to.")
+    ] = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
+    ] = None,
+    canary: Annotated[int | None, typer.Option("--canary", help="Hosts upgraded alone first.")] = None,
+    max_fail: Annotated[
+        int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
+    ] = None,
+    pause: Annotated[bool, typer.Option("--pause", help="Ask before each batch after the first.")] = False,
+    drain: Annotated[
+        bool | None,
+        typer.Option("--drain/--no-drain", help="Drain nodes (default), or only evict pods that use GPUs."),
+    ] = None,
+    reboot_allowed: Annotated[
+        bool, typer.Option("--reboot-allowed", help="Reboot a host whose modules cannot be reloaded.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the latest unfinished upgrade of this inventory.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan (batches, order, from → to); change nothing.")
+    ] = False,
+    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    limit: LimitOpt = None,
+    drain_timeout: Annotated[
+        float | None, typer.Option("--drain-timeout", help="Seconds allowed for a drain (default 300).")
+    ] = None,
+) -> int:
+    """Roll a driver upgrade across GPU hosts: cordon, drain, upgrade, reload, verify, uncordon."""
+    from provisioner.upgrade import run_upgrade
+
+    return run_upgrade(
+        inventory=inventory,
+        to=to,
+        batch=batch,
+        canary=canary,
+        max_fail=max_fail,
+        pause=pause or None,
+        drain=drain,
+        reboot_allowed=reboot_allowed or None,
+        resume=resume,
+        dry_run=dry_run,
+        output_format=output_format.value,
+        limit=limit,
+        drain_timeout=drain_timeout,
+    )
+
+
 def _lab_progress(message: str) -> None:
     typer.echo(message, err=True)
 
