@@ -292,9 +292,8 @@ def profile_document(name: str, hostname: str) -> dict[str, Any]:
         for index, address in enumerate(p.gpu_addresses):
             bus = int(address.split(":")[1], 16)
             dev = int(address.split(":")[2].split(".")[0], 16)
-            model = {
-                k: v for k, v in asdict(m).items() if k not in ("device_id", "subsystem_id", "pci_class")
-            }
+            skip = ("device_id", "subsystem_id", "pci_class", "revision")
+            model = {k: v for k, v in asdict(m).items() if k not in skip}
             gpus.append(
                 {
                     "index": index,

@@ -1,0 +1,27 @@
+#!/bin/sh
+# Part of the gpuprov lab simulation: run once while the lab host image is built (image.py).
+# Puts the simulated kernel's tools in place of the real ones (kept as *.distrib through
+# dpkg-divert, so package upgrades of kmod and util-linux do not overwrite them) and enables the
+# units that set up the simulated hardware at every boot.
+set -eu
+BIN=/usr/lib/gpuprov-lab/bin
+
+divert() {
+  # $1: a file a Debian package owns; $2: the lab's tool that answers in its place.
+  if ! dpkg-divert --list "$1" | grep -q .; then
+    dpkg-divert --quiet --local --rename --divert "$1.distrib" --add "$1"
+  fi
+  ln -sf "$2" "$1"
+}
+
+# kmod: modprobe/rmmod/insmod hand everything that is not nvidia*/nouveau to the real /bin/kmod.
+divert /sbin/modprobe "$BIN/modprobe"
+divert /sbin/rmmod "$BIN/rmmod"
+divert /sbin/insmod "$BIN/insmod"
+divert /sbin/lsmod "$BIN/lsmod"
+divert /bin/lsmod "$BIN/lsmod"
+# util-linux: the machine's kernel log must not show inside a lab host.
+divert /bin/dmesg "$BIN/dmesg"
+
+python3 -c 'import sys; sys.path.insert(0, "/usr/lib/gpuprov-lab/python"); import gpuprovsim.boot'
+systemctl enable gpuprov-lab-hardware.service gpuprov-lab-faultwatch.service
