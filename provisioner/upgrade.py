@@ -14,6 +14,7 @@ ones, over SSH and ansible-runner); the orchestration here is tested against a f
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -172,10 +173,12 @@ class Options:
     reboot_allowed: bool = False
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     operand_timeout: float = DEFAULT_OPERAND_TIMEOUT
+    install_version: str = ""  # the exact version installed (the target, or the pin it resolves to)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "to": self.target.text,
+            "install_version": self.install_version,
             "batch": str(self.batch),
             "canary": self.canary,
             "max_fail": self.max_fail,
@@ -198,6 +201,7 @@ class Options:
             reboot_allowed=bool(doc.get("reboot_allowed")),
             drain_timeout=float(doc.get("drain_timeout") or DEFAULT_DRAIN_TIMEOUT),
             operand_timeout=float(doc.get("operand_timeout") or DEFAULT_OPERAND_TIMEOUT),
+            install_version=str(doc.get("install_version") or ""),
         )
 
 
@@ -604,6 +608,53 @@ def _resume_options(recorded: Mapping[str, Any], given: dict[str, Any]) -> Optio
     return Options.from_dict(merged)
 
 
+_FULL_VERSION = re.compile(r"\d{3}\.\d+\.\d+")
+
+
+def _role_default(knob: str) -> Any:
+    import yaml
+
+    from provisioner.config import ROLES_DIR
+
+    path = ROLES_DIR / "nvidia_driver" / "defaults" / "main.yml"
+    try:
+        return (yaml.safe_load(path.read_text()) or {}).get(knob)
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def resolve_install_version(target: Target, hosts: Sequence[Any]) -> str:
+    """The exact driver version to install for `target`.
+
+    The nvidia_driver role installs exact, pinned versions. A full version is used as given; a branch
+    (or 580.159) resolves to the pinned version it matches: the hosts' nvidia_driver_version from the
+    inventory, else the role's default. Anything else is bad input, before any host is touched.
+    """
+    if _FULL_VERSION.fullmatch(target.text):
+        return target.text
+    pins: set[str] = set()
+    for h in hosts:
+        value = (getattr(h, "vars", None) or {}).get("nvidia_driver_version")
+        if value is not None and "{{" not in str(value):
+            pins.add(str(value))
+    default = _role_default("nvidia_driver_version")
+    if default is not None and "{{" not in str(default):
+        pins.add(str(default))
+    matching = sorted(v for v in pins if target.matches(v) and _FULL_VERSION.fullmatch(v))
+    if len(matching) == 1:
+        return matching[0]
+    if len(matching) > 1:
+        raise InputError(
+            f"--to {target}: the inventory pins several versions of it ({', '.join(matching)}); "
+            "give the exact version"
+        )
+    known = ", ".join(sorted(pins)) or "none"
+    raise InputError(
+        f"--to {target}: no pinned {target}.x version to install (inventory nvidia_driver_version or the "
+        f"nvidia_driver role default; pinned: {known}); give the exact version, like {target.branch}.159.04"
+    )
+
+
 def make_fleet(
     inventory: Any,
     hosts: list[Any],
@@ -621,6 +672,7 @@ def make_fleet(
         control_plane=control_plane,
         inventory_path=inventory_path,
         record=record,
+        install_version=options.install_version,
         progress=progress,
     )
 
@@ -704,6 +756,8 @@ def run_upgrade(
             if not selected:
                 by = f" by --limit {limit}" if limit else ""
                 raise InputError(f"{inventory}: no host of group gpu_nodes selected{by}")
+        if not options.install_version:
+            options.install_version = resolve_install_version(options.target, selected)
         if options.pause and not dry_run and not isatty():
             raise InputError("--pause asks before each batch: standard input must be a terminal")
         validate_inventory_settings(inv, selected)
@@ -846,7 +900,11 @@ def _render_dry_run(plan: Plan, options: Options, output_format: str) -> int:
     else:
         sys.stdout.write(
             render_plan(
-                plan, drain=options.drain, reboot_allowed=options.reboot_allowed, max_fail=options.max_fail
+                plan,
+                drain=options.drain,
+                reboot_allowed=options.reboot_allowed,
+                max_fail=options.max_fail,
+                install_version=options.install_version,
             )
         )
     return EXIT_OK

@@ -291,10 +291,15 @@ def build_plan(
     return plan
 
 
-def render_plan(plan: Plan, *, drain: bool, reboot_allowed: bool, max_fail: int) -> str:
+def render_plan(
+    plan: Plan, *, drain: bool, reboot_allowed: bool, max_fail: int, install_version: str = ""
+) -> str:
     """The dry-run text: batches in order, each host's from → to and what it needs."""
     kind = "branch" if plan.target.is_branch else "version"
-    lines = [f"upgrade-driver plan: target {plan.target} ({kind})"]
+    installs = (
+        f", installs {install_version}" if install_version and install_version != plan.target.text else ""
+    )
+    lines = [f"upgrade-driver plan: target {plan.target} ({kind}{installs})"]
     waves = plan.waves
     if not waves:
         lines.append("nothing to upgrade: every selected GPU host is already at the target")

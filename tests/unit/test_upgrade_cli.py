@@ -81,6 +81,7 @@ def assert_untouched(home: Path) -> None:
         (["--resume"], "--resume: no upgrade-driver run recorded for"),
         (["--resume", "--dry-run"], "--resume and --dry-run together"),
         (["--to", "580", "--drain-timeout", "0"], "--drain-timeout 0: must be more than 0 seconds"),
+        (["--to", "575"], "--to 575: no pinned 575.x version to install"),
     ],
 )
 def test_bad_input_exits_2_and_touches_nothing(home: Path, inv: Path, args: list[str], message: str) -> None:

@@ -1,0 +1,446 @@
+"""The real fleet behind `gpuprov upgrade-driver`: hosts over SSH, the cluster through kubectl on the
+first control-plane host, and the driver change through playbooks/upgrade_driver.yml (the nvidia_driver
+role, the same code bootstrap runs).
+
+- Probes are the verification probes (one read-only script per host over paramiko), parsed by the same
+  parsers and the driver.loaded check, so "loaded driver", "GPUs seen" and "Xid" mean here exactly what
+  they mean in `gpuprov verify`.
+- kubectl runs on the control plane with /etc/kubernetes/admin.conf, as an administrator would; any
+  failure becomes StepFailed with kubectl's own first line of error.
+- One ansible-runner run per batch (the batch's hosts as --limit): the playbook marks each step with a
+  task named "UPGRADE STEP <step>", which becomes the host's step in the state file as it happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from provisioner import probes as P
+from provisioner.checks import PASS, HostFacts, evaluate
+from provisioner.checks.driver import installed_version
+from provisioner.checks.model import Unavailable
+from provisioner.config import PLAYBOOKS_DIR
+from provisioner.errors import GpuprovError
+from provisioner.executors import CommandResult, CommandTimeout, ExecutorError, SshExecutor, SshTarget
+from provisioner.policy import Expectations
+from provisioner.upgrade import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
+from provisioner.upgrade_plan import HostProbe, Target
+
+PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
+STEP_MARK = "UPGRADE STEP "
+NOTE_MARK = "UPGRADE NOTE "
+KUBECONFIG = "/etc/kubernetes/admin.conf"
+# What the probe reads: the loaded driver, the GPUs on the bus and seen by the driver, the kernel log.
+PROBES = (
+    "proc-driver-nvidia-version",
+    "nvidia-smi-q.xml",
+    "pci-devices.txt",
+    "modules.txt",
+    "kernel-log.txt",
+)
+# GPU Operator operand pods (label app=...) that keep the GPU open; they leave once their
+# nvidia.com/gpu.deploy.* label is paused.
+OPERAND_APPS = (
+    "nvidia-operator-validator",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-dcgm",
+    "nvidia-mig-manager",
+)
+NOTES = {
+    "reload-impossible": "the old driver's modules could not be unloaded (still in use)",
+    "kernel-changed": "the running kernel is not the one the new modules were built for",
+}
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _become(spec: Any) -> bool:
+    return _truthy((getattr(spec, "vars", None) or {}).get("ansible_become", False)) and (
+        getattr(spec, "user", "root") != "root"
+    )
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:limit]
+
+
+# ------------------------------------------------------------------------------------------ probing
+
+
+def probe_from_results(host: str, results: Mapping[str, P.ProbeResult], node: str | None) -> HostProbe:
+    """A HostProbe from raw probe results (pure: tested on recorded hosts)."""
+    facts = HostFacts(host, results)
+    try:
+        loaded: str | None = installed_version(facts)
+    except Unavailable:
+        loaded = None
+    try:
+        pci = len(facts.pci_gpus())
+    except Unavailable:
+        pci = 0
+    try:
+        driver: int | None = len(facts.smi().gpus)
+    except Unavailable:
+        driver = None
+    try:
+        xids = tuple(e.line for e in facts.xids())
+    except Unavailable:
+        xids = ()
+    loaded_check = evaluate(facts, Expectations(), ["driver.loaded"])[0]
+    return HostProbe(
+        host=host,
+        loaded=loaded,
+        gpus_pci=pci,
+        gpus_driver=driver,
+        xids=xids,
+        node=node,
+        driver_ok=loaded_check.status == PASS,
+        driver_detail=loaded_check.detail,
+    )
+
+
+class _Live:
+    """SSH connections in use, so that Ctrl-C can close them and blocked reads return."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[int, SshExecutor] = {}
+
+    def add(self, ex: SshExecutor) -> None:
+        with self._lock:
+            self._items[id(ex)] = ex
+
+    def discard(self, ex: SshExecutor) -> None:
+        with self._lock:
+            self._items.pop(id(ex), None)
+
+    def close_all(self) -> None:
+        with self._lock:
+            items = list(self._items.values())
+        for ex in items:
+            with contextlib.suppress(Exception):
+                ex.close()
+
+
+# ------------------------------------------------------------------------------------------ kubectl
+
+
+class KubectlOverSsh:
+    """kubectl on the first control-plane host, over one SSH connection shared by the batch's threads."""
+
+    def __init__(
+        self,
+        spec: Any,
+        live: _Live,
+        connect_timeout: float = 10.0,
+        poll_s: float = 2.0,
+        executor: SshExecutor | None = None,
+    ) -> None:
+        self.spec = spec
+        self.host = spec.name
+        self.become = _become(spec)
+        self.poll_s = poll_s
+        self._executor = executor or SshExecutor(SshTarget.from_host(spec), connect_timeout=connect_timeout)
+        self._lock = threading.Lock()
+        self._live = live
+
+    def close(self) -> None:
+        self._executor.close()
+
+    def _exec(self, command: Sequence[str] | str, timeout: float) -> CommandResult:
+        with self._lock:
+            try:
+                self._executor.connect()
+            except ExecutorError as exc:
+                raise StepFailed(f"control plane {self.host}: {exc.reason}") from exc
+            self._live.add(self._executor)
+        try:
+            return self._executor.run(command, timeout)
+        except CommandTimeout as exc:
+            raise StepFailed(f"kubectl on {self.host} did not answer within {timeout:g} s") from exc
+        except ExecutorError as exc:
+            raise StepFailed(f"control plane {self.host}: {exc.reason}") from exc
+
+    def _argv(self, args: Sequence[str]) -> list[str]:
+        argv = ["kubectl", "--kubeconfig", KUBECONFIG, "--request-timeout=30s", *args]
+        return ["sudo", "-n", "--", *argv] if self.become else argv
+
+    def kubectl(self, *args: str, timeout: float = 60.0) -> CommandResult:
+        return self._exec(self._argv(args), timeout)
+
+    def _ok(self, what: str, res: CommandResult) -> CommandResult:
+        if res.rc != 0:
+            raise StepFailed(f"kubectl {what}: {_first_line(res.stderr) or f'exit {res.rc}'}")
+        return res
+
+    # -- Kube interface
+
+    def node(self, name: str) -> NodeInfo | None:
+        res = self.kubectl("get", "node", name, "-o", "json")
+        if res.rc != 0:
+            if "NotFound" in res.stderr or "not found" in res.stderr:
+                return None
+            self._ok(f"get node {name}", res)
+        try:
+            doc = json.loads(res.stdout)
+        except ValueError as exc:
+            raise StepFailed(f"kubectl get node {name}: not JSON: {_first_line(res.stdout)}") from exc
+        meta = doc.get("metadata") or {}
+        return NodeInfo(
+            name=str(meta.get("name") or name),
+            unschedulable=bool((doc.get("spec") or {}).get("unschedulable")),
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        )
+
+    def cordon(self, name: str) -> None:
+        self._ok(f"cordon {name}", self.kubectl("cordon", name))
+
+    def uncordon(self, name: str) -> None:
+        self._ok(f"uncordon {name}", self.kubectl("uncordon", name))
+
+    def drain(self, name: str, timeout: float) -> None:
+        res = self.kubectl(
+            "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={int(timeout)}s",
+            timeout=timeout + 60,
+        )  # fmt: skip
+        if res.rc != 0:
+            raise StepFailed(f"kubectl drain (timeout {int(timeout)}s): {_first_line(res.stderr) or res.rc}")
+
+    def _pods_on(self, name: str, selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={name}", "-o", "json"]
+        if selector:
+            args += ["-l", selector]
+        res = self._ok(f"get pods on {name}", self.kubectl(*args))
+        try:
+            return list(json.loads(res.stdout).get("items") or [])
+        except ValueError as exc:
+            raise StepFailed(f"kubectl get pods: not JSON: {_first_line(res.stdout)}") from exc
+
+    def evict_gpu_pods(self, name: str, timeout: float) -> None:
+        """Evict (PodDisruptionBudgets honoured) the pods on the node that use GPUs; wait until gone."""
+        pods = [p for p in self._pods_on(name) if uses_gpu(p)]
+        deadline = time.monotonic() + timeout
+        waiting = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+        refused = ""
+        while waiting:
+            for ns, pod in sorted(waiting):
+                body = json.dumps(
+                    {
+                        "apiVersion": "policy/v1",
+                        "kind": "Eviction",
+                        "metadata": {"name": pod, "namespace": ns},
+                    }
+                )
+                path = f"/api/v1/namespaces/{ns}/pods/{pod}/eviction"
+                create = shlex.join(self._argv(["create", "--raw", path, "-f", "-"]))
+                script = f"printf '%s' {shlex.quote(body)} | {create}"
+                res = self._exec(script, 60)
+                if res.rc != 0 and "NotFound" not in res.stderr and "not found" not in res.stderr:
+                    refused = f"{ns}/{pod}: {_first_line(res.stderr)}"
+            left = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in self._pods_on(name)}
+            waiting &= left
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                which = ", ".join(f"{ns}/{pod}" for ns, pod in sorted(waiting))
+                raise StepFailed(
+                    f"GPU pods not evicted within {int(timeout)}s: {which}"
+                    + (f" ({refused})" if refused else "")
+                )
+            time.sleep(self.poll_s)
+
+    def set_labels(self, name: str, labels: Mapping[str, str]) -> None:
+        if labels:
+            args = ["label", "node", name, "--overwrite", *[f"{k}={v}" for k, v in sorted(labels.items())]]
+            self._ok(f"label node {name}", self.kubectl(*args))
+
+    def wait_operands_gone(self, name: str, timeout: float) -> None:
+        selector = f"app in ({','.join(OPERAND_APPS)})"
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = self._pods_on(name, selector)
+            if not pods:
+                return
+            if time.monotonic() >= deadline:
+                which = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods)
+                raise StepFailed(f"GPU Operator pods still on the node after {int(timeout)}s: {which}")
+            time.sleep(self.poll_s)
+
+    def annotate(self, name: str, text: str | None) -> None:
+        value = f"{ANNOTATION}-" if text is None else f"{ANNOTATION}={text}"
+        res = self.kubectl("annotate", "node", name, "--overwrite", value)
+        if text is not None:
+            self._ok(f"annotate node {name}", res)
+
+
+def uses_gpu(pod: Mapping[str, Any]) -> bool:
+    """A pod that asks for GPUs (nvidia.com/gpu or MIG slices), mirror pods and finished pods aside."""
+    meta = pod.get("metadata") or {}
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return False
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    spec = pod.get("spec") or {}
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        res = c.get("resources") or {}
+        for kind in ("limits", "requests"):
+            for key in res.get(kind) or {}:
+                if key == "nvidia.com/gpu" or key.startswith("nvidia.com/mig-"):
+                    return True
+    return False
+
+
+# -------------------------------------------------------------------------------------------- fleet
+
+
+class RealFleet:
+    """GPU hosts over SSH and ansible-runner; the cluster through kubectl on the control plane."""
+
+    def __init__(
+        self,
+        *,
+        hosts: Sequence[Any],
+        control_plane: Any | None,
+        inventory_path: Path,
+        record: Path | None,
+        install_version: str,
+        progress: Callable[[str | None, str], None],
+        connect_timeout: float = 10.0,
+        probe_timeout: float = 180.0,
+    ) -> None:
+        self.specs = {h.name: h for h in hosts}
+        self.inventory_path = inventory_path
+        self.record = record
+        self.install_version = install_version
+        self.progress = progress
+        self.connect_timeout = connect_timeout
+        self.probe_timeout = probe_timeout
+        self._live = _Live()
+        self.kube: KubectlOverSsh | None = (
+            KubectlOverSsh(control_plane, self._live, connect_timeout) if control_plane is not None else None
+        )
+        self._installs = 0
+
+    # -- probes
+
+    def _probe_one(self, name: str) -> HostProbe:
+        spec = self.specs[name]
+        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
+        self._live.add(ex)
+        try:
+            from provisioner.verification import collect
+
+            results = collect(ex, PROBES, self.probe_timeout, become=_become(spec))
+            res = ex.run(["cat", "/proc/sys/kernel/hostname"], 15)
+            node = res.stdout.strip().lower() if res.rc == 0 and res.stdout.strip() else None
+        except ExecutorError as exc:
+            return HostProbe(name, error=exc.reason)
+        finally:
+            self._live.discard(ex)
+            ex.close()
+        return probe_from_results(name, results, node)
+
+    def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:
+        if len(hosts) == 1:
+            return {hosts[0]: self._probe_one(hosts[0])}
+        with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-probe") as pool:
+            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
+
+    # -- the driver change
+
+    def extravars(self, target: Target, reboot_allowed: bool) -> dict[str, Any]:
+        """Run-scoped values for the playbook: the target, and who reloads or reboots."""
+        return {
+            "nvidia_driver_branch": self.install_version.split(".", 1)[0],
+            "nvidia_driver_version": self.install_version,
+            # The playbook unloads before and loads after the install; the role must not do it itself.
+            "nvidia_driver_reload_modules": False,
+            "nvidia_driver_reboot_allowed": False,
+            "gpuprov_upgrade_reboot_allowed": bool(reboot_allowed),
+        }
+
+    def upgrade(
+        self,
+        hosts: Sequence[str],
+        target: Target,
+        *,
+        reboot_allowed: bool,
+        on_step: Callable[[str, str], None],
+    ) -> dict[str, InstallOutcome]:
+        from provisioner.runner import Event, run_playbook
+
+        if self.record is None:
+            raise GpuprovError("upgrade without a run record")
+        if not PLAYBOOK.is_file():
+            raise GpuprovError(f"{PLAYBOOK}: playbook missing from this installation")
+        self._installs += 1
+        where = self.record / f"install-{self._installs:02d}"
+        notes: dict[str, str] = {}
+        rebooted: set[str] = set()
+
+        def on_event(ev: Event) -> None:
+            if ev.host is None or ev.kind != "runner_on_ok" or not ev.task:
+                return
+            if ev.task.startswith(STEP_MARK):
+                step = ev.task[len(STEP_MARK) :].strip()
+                if step == "rebooting":
+                    rebooted.add(ev.host)
+                on_step(ev.host, step)
+            elif ev.task.startswith(NOTE_MARK):
+                key = ev.task[len(NOTE_MARK) :].strip()
+                notes[ev.host] = NOTES.get(key, key)
+
+        result = run_playbook(
+            PLAYBOOK,
+            self.inventory_path,
+            record_dir=where,
+            limit=",".join(hosts),
+            forks=max(1, len(hosts)),
+            extravars=self.extravars(target, reboot_allowed),
+            on_event=on_event,
+        )
+        out: dict[str, InstallOutcome] = {}
+        for h in hosts:
+            failures = [f for f in result.failures if f.host == h]
+            if failures:
+                f = failures[0]
+                what = "unreachable" if f.unreachable else (f.stage or "upgrade")
+                out[h] = InstallOutcome("failed", f"{what}: {f.task}: {f.message}".strip())
+            elif h in result.reboot_pending:
+                why = notes.get(h, "the new driver needs a reboot")
+                out[h] = InstallOutcome(
+                    "reboot-pending",
+                    f"{why}; {self.install_version} is installed and loads at the next boot "
+                    "(reboot the host, then --resume; or run with --reboot-allowed)",
+                )
+            elif result.interrupted:
+                out[h] = InstallOutcome("interrupted", "canceled")
+            elif h in result.stats:
+                out[h] = InstallOutcome("ok", rebooted=h in rebooted)
+            else:
+                out[h] = InstallOutcome(
+                    "failed", f"upgrade: the playbook did not run on {h} ({result.status})"
+                )
+        return out
+
+    def interrupt(self) -> None:
+        self._live.close_all()
+
+    def close(self) -> None:
+        self._live.close_all()
+        if self.kube is not None:
+            self.kube.close()

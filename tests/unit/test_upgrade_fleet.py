@@ -1,0 +1,340 @@
+"""The real fleet's pure parts: what a probe of a recorded host says, kubectl's arguments and how its
+answers are read, which pods use GPUs, the target version resolution, and how a playbook result maps
+to each host's outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner import probes as P
+from provisioner.errors import InputError
+from provisioner.executors import CommandResult, SnapshotExecutor, to_shell
+from provisioner.inventory import HostSpec
+from provisioner.runner import Event, Failure, HostStats, PlaybookResult
+from provisioner.upgrade import StepFailed, resolve_install_version
+from provisioner.upgrade_fleet import (
+    PROBES,
+    KubectlOverSsh,
+    RealFleet,
+    _Live,
+    probe_from_results,
+    uses_gpu,
+)
+from provisioner.upgrade_plan import Target, parse_target
+from provisioner.verification import replay
+
+H200 = Path(__file__).resolve().parent.parent / "fixtures" / "snapshots" / "h200-device" / "vm"
+
+
+def recorded() -> dict[str, P.ProbeResult]:
+    return replay(SnapshotExecutor(H200), PROBES)
+
+
+def test_probe_of_the_real_h200() -> None:
+    p = probe_from_results("vm", recorded(), "vm")
+    assert p.loaded == "580.159.04"
+    assert (p.gpus_pci, p.gpus_driver) == (1, 1)
+    assert p.xids == ()
+    assert p.driver_ok and "580.159.04 loaded" in p.driver_detail
+    assert p.error is None
+
+
+def test_probe_sees_xids_and_a_missing_driver() -> None:
+    results = recorded()
+    log = results["kernel-log.txt"]
+    xid = "[ 4242.000001] NVRM: Xid (PCI:0000:00:06): 79, pid=0, GPU has fallen off the bus."
+    results["kernel-log.txt"] = dataclasses.replace(log, stdout=log.stdout + xid + "\n")
+    results["proc-driver-nvidia-version"] = P.ProbeResult("proc-driver-nvidia-version", 1, "", "No such file")
+    results["nvidia-smi-q.xml"] = P.ProbeResult(
+        "nvidia-smi-q.xml",
+        9,
+        "",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+    )
+    p = probe_from_results("vm", results, None)
+    assert p.loaded is None
+    assert p.gpus_pci == 1 and p.gpus_driver is None
+    assert p.xids == (xid,)
+    assert not p.driver_ok
+    assert "not loaded" in p.driver_detail
+
+
+# ------------------------------------------------------------------------------------------ kubectl
+
+
+class FakeSsh:
+    """Answers kubectl command lines like a control plane would; records them."""
+
+    def __init__(self, answers: dict[str, list[CommandResult]]) -> None:
+        self.answers = answers
+        self.commands: list[str] = []
+
+    def connect(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def run(self, command: Sequence[str] | str, timeout: float) -> CommandResult:
+        text = to_shell(command)  # what the SSH executor sends
+        self.commands.append(text)
+        for key, queue in self.answers.items():
+            if key in text and queue:
+                return queue.pop(0) if len(queue) > 1 else queue[0]
+        return CommandResult(0, "", "", 0.0)
+
+
+def ok(stdout: str = "") -> CommandResult:
+    return CommandResult(0, stdout, "", 0.01)
+
+
+def err(stderr: str, rc: int = 1) -> CommandResult:
+    return CommandResult(rc, "", stderr, 0.01)
+
+
+def kube(
+    answers: dict[str, list[CommandResult]], user: str = "root", **hv: Any
+) -> tuple[KubectlOverSsh, FakeSsh]:
+    fake = FakeSsh(answers)
+    spec = HostSpec(name="cp1", address="192.0.2.10", user=user, vars=hv)
+    return KubectlOverSsh(spec, _Live(), poll_s=0.01, executor=fake), fake  # type: ignore[arg-type]
+
+
+NODE = {
+    "metadata": {
+        "name": "gpu1",
+        "labels": {"nvidia.com/gpu.deploy.device-plugin": "true", "kubernetes.io/hostname": "gpu1"},
+    },
+    "spec": {"unschedulable": True},
+}
+
+
+def test_node_read_and_not_found() -> None:
+    k, fake = kube(
+        {
+            "get node gpu1": [ok(json.dumps(NODE))],
+            "get node gpu9": [err('Error from server (NotFound): nodes "gpu9" not found')],
+        }
+    )
+    info = k.node("gpu1")
+    assert info is not None and info.unschedulable
+    assert info.labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    assert k.node("gpu9") is None
+    assert fake.commands[0] == (
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=30s get node gpu1 -o json"
+    )
+
+
+def test_api_down_is_a_step_failure_not_a_missing_node() -> None:
+    k, _ = kube({"get node": [err("The connection to the server 192.0.2.10:6443 was refused")]})
+    with pytest.raises(StepFailed, match="kubectl get node gpu1: The connection to the server"):
+        k.node("gpu1")
+
+
+def test_non_root_control_plane_uses_sudo() -> None:
+    k, fake = kube({}, user="ops", ansible_become=True)
+    k.cordon("gpu1")
+    assert fake.commands[0].startswith("sudo -n -- kubectl --kubeconfig /etc/kubernetes/admin.conf")
+
+
+def test_drain_arguments_and_timeout_reason() -> None:
+    k, fake = kube(
+        {
+            "drain": [
+                err(
+                    'error: unable to drain node "gpu1" due to error: '
+                    '[error when evicting pods/"blocker" -n "default": global timeout reached: 20s], '
+                    "continuing command...\n"
+                    "There are pending nodes to be drained:\n gpu1\n"
+                    'error when evicting pods/"blocker" -n "default": global timeout reached: 20s'
+                )
+            ]
+        }
+    )
+    with pytest.raises(StepFailed) as exc:
+        k.drain("gpu1", 20)
+    assert exc.value.reason == (
+        'kubectl drain (timeout 20s): error when evicting pods/"blocker" -n "default": '
+        "global timeout reached: 20s"
+    )
+    assert "drain gpu1 --ignore-daemonsets --delete-emptydir-data --timeout=20s" in fake.commands[0]
+
+
+def test_labels_and_annotations() -> None:
+    k, fake = kube({"annotate node gpu1 --overwrite gpuprov.io/driver-upgrade-": [err("not found")]})
+    k.set_labels("gpu1", {"nvidia.com/gpu.deploy.dcgm": "paused-for-driver-upgrade", "a": "true"})
+    k.annotate("gpu1", "failed: dpkg error")
+    k.annotate("gpu1", None)  # removing an absent annotation is fine
+    assert fake.commands[0].endswith(
+        "label node gpu1 --overwrite a=true nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade"
+    )
+    assert fake.commands[1].endswith(
+        "annotate node gpu1 --overwrite 'gpuprov.io/driver-upgrade=failed: dpkg error'"
+    )
+
+
+def pod(ns: str, name: str, limits: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name, **extra.get("meta", {})},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits or {}}}]},
+        "status": {"phase": extra.get("phase", "Running")},
+    }
+
+
+def test_gpu_pods_are_told_apart() -> None:
+    assert uses_gpu(pod("a", "train", {"nvidia.com/gpu": "8"}))
+    assert uses_gpu(pod("a", "slice", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert not uses_gpu(pod("a", "web", {"cpu": "1"}))
+    assert not uses_gpu(pod("a", "done", {"nvidia.com/gpu": "1"}, phase="Succeeded"))
+    mirror = pod(
+        "kube-system",
+        "x",
+        {"nvidia.com/gpu": "1"},
+        meta={"annotations": {"kubernetes.io/config.mirror": "1"}},
+    )
+    assert not uses_gpu(mirror)
+
+
+def test_evict_gpu_pods_posts_evictions_and_waits() -> None:
+    listing = {"items": [pod("ml", "train", {"nvidia.com/gpu": "1"}), pod("web", "nginx", {"cpu": "1"})]}
+    k, fake = kube({"get pods": [ok(json.dumps(listing)), ok(json.dumps({"items": [listing["items"][1]]}))]})
+    k.evict_gpu_pods("gpu1", 30)
+    posts = [c for c in fake.commands if "create --raw" in c]
+    assert len(posts) == 1
+    assert "/api/v1/namespaces/ml/pods/train/eviction" in posts[0]
+    assert '"kind": "Eviction"' in posts[0]
+
+
+def test_evict_gpu_pods_gives_up_after_the_timeout() -> None:
+    listing = {"items": [pod("ml", "train", {"nvidia.com/gpu": "1"})]}
+    k, _ = kube(
+        {
+            "get pods": [ok(json.dumps(listing))],
+            "create --raw": [
+                err(
+                    "Error from server (TooManyRequests): Cannot evict pod as it would violate the "
+                    "pod's disruption budget."
+                )
+            ],
+        }
+    )
+    with pytest.raises(
+        StepFailed, match=r"GPU pods not evicted within 0s: ml/train \(ml/train: Error from server"
+    ):
+        k.evict_gpu_pods("gpu1", 0)
+
+
+def test_wait_for_operands() -> None:
+    left = {"items": [pod("gpu-operator", "nvidia-device-plugin-daemonset-x")]}
+    k, fake = kube({"get pods": [ok(json.dumps(left)), ok(json.dumps({"items": []}))]})
+    k.wait_operands_gone("gpu1", 30)
+    assert "spec.nodeName=gpu1 -o json -l 'app in (nvidia-operator-validator," in fake.commands[0]
+    k, _ = kube({"get pods": [ok(json.dumps(left))]})
+    with pytest.raises(
+        StepFailed, match="GPU Operator pods still on the node after 0s: gpu-operator/nvidia-device"
+    ):
+        k.wait_operands_gone("gpu1", 0)
+
+
+# ---------------------------------------------------------------------------------- target version
+
+
+def spec(name: str, **hv: Any) -> HostSpec:
+    return HostSpec(name=name, address="192.0.2.1", groups=["gpu_nodes"], vars=hv)
+
+
+def test_install_version_resolution() -> None:
+    assert resolve_install_version(parse_target("570.195.03"), [spec("a")]) == "570.195.03"
+    # A branch resolves to the role's pinned default ...
+    assert resolve_install_version(parse_target("580"), [spec("a", nvidia_driver_version="570.195.03")]) == (
+        "580.159.04"
+    )
+    # ... or to the inventory's pin in that branch.
+    assert resolve_install_version(parse_target("570"), [spec("a", nvidia_driver_version="570.195.03")]) == (
+        "570.195.03"
+    )
+    with pytest.raises(InputError, match=r"--to 575: no pinned 575.x version to install"):
+        resolve_install_version(parse_target("575"), [spec("a")])
+    with pytest.raises(InputError, match="pins several versions"):
+        resolve_install_version(
+            parse_target("580"), [spec("a", nvidia_driver_version="580.95.05"), spec("b")]
+        )
+
+
+# ----------------------------------------------------------------------------------- playbook runs
+
+
+def fleet(tmp_path: Path) -> RealFleet:
+    return RealFleet(
+        hosts=[spec("gpu1"), spec("gpu2"), spec("gpu3"), spec("gpu4")],
+        control_plane=None,
+        inventory_path=tmp_path / "hosts.yml",
+        record=tmp_path,
+        install_version="580.159.04",
+        progress=lambda h, t: None,
+    )
+
+
+def test_extravars_carry_the_exact_version_and_leave_reload_and_reboot_to_the_play(tmp_path: Path) -> None:
+    assert fleet(tmp_path).extravars(Target("580"), reboot_allowed=True) == {
+        "nvidia_driver_branch": "580",
+        "nvidia_driver_version": "580.159.04",
+        "nvidia_driver_reload_modules": False,
+        "nvidia_driver_reboot_allowed": False,
+        "gpuprov_upgrade_reboot_allowed": True,
+    }
+
+
+def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run(playbook: Path, inventory: Path, **kw: Any) -> PlaybookResult:
+        seen.update(kw, playbook=playbook)
+        emit = kw["on_event"]
+        for host in ("gpu1", "gpu2", "gpu3"):
+            emit(Event("runner_on_ok", host, None, "UPGRADE STEP stopping"))
+            emit(Event("runner_on_ok", host, "nvidia_driver", "Unload the modules in dependency order"))
+            emit(Event("runner_on_ok", host, None, "UPGRADE STEP installing"))
+        emit(Event("runner_on_ok", "gpu1", None, "UPGRADE STEP reloading"))
+        emit(Event("runner_on_ok", "gpu2", None, "UPGRADE NOTE reload-impossible"))
+        return PlaybookResult(
+            status="failed",
+            rc=2,
+            stats={h: HostStats(h) for h in ("gpu1", "gpu2", "gpu3")},
+            failures=[
+                Failure("gpu3", "nvidia_driver", "Install the driver packages", "dpkg: error processing")
+            ],
+            reboot_pending={"gpu2"},
+        )
+
+    monkeypatch.setattr("provisioner.runner.run_playbook", fake_run)
+    monkeypatch.setattr("provisioner.upgrade_fleet.PLAYBOOK", tmp_path / "upgrade_driver.yml")
+    (tmp_path / "upgrade_driver.yml").write_text("---\n")
+    steps: list[tuple[str, str]] = []
+    out = fleet(tmp_path).upgrade(
+        ["gpu1", "gpu2", "gpu3", "gpu4"],
+        Target("580"),
+        reboot_allowed=False,
+        on_step=lambda h, s: steps.append((h, s)),
+    )
+    assert seen["limit"] == "gpu1,gpu2,gpu3,gpu4"
+    assert seen["forks"] == 4
+    assert seen["record_dir"] == tmp_path / "install-01"
+    assert out["gpu1"].result == "ok"
+    assert out["gpu2"].result == "reboot-pending"
+    assert out["gpu2"].reason.startswith(
+        "the old driver's modules could not be unloaded (still in use); 580.159.04"
+    )
+    assert (out["gpu3"].result, out["gpu3"].reason) == (
+        "failed",
+        "nvidia_driver: Install the driver packages: dpkg: error processing",
+    )
+    assert out["gpu4"].result == "failed" and "did not run on gpu4" in out["gpu4"].reason
+    assert ("gpu1", "reloading") in steps and ("gpu2", "installing") in steps
+    assert all(s in ("stopping", "installing", "reloading") for _, s in steps)
