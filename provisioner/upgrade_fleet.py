@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
 STEP_MARK = "UPGRADE STEP "
 NOTE_MARK = "UPGRADE NOTE "
 KUBECONFIG = "/etc/kubernetes/admin.conf"
+EVICT_LABEL = "gpuprov.io/evict-for-driver-upgrade"  # marks the GPU pods `--no-drain` evicts
 # What the probe reads: the loaded driver, the GPUs on the bus and seen by the driver, the kernel log.
 PROBES = (
     "proc-driver-nvidia-version",
@@ -231,37 +231,31 @@ class KubectlOverSsh:
             raise StepFailed(f"kubectl get pods: not JSON: {_first_line(res.stdout)}") from exc
 
     def evict_gpu_pods(self, name: str, timeout: float) -> None:
-        """Evict (PodDisruptionBudgets honoured) the pods on the node that use GPUs; wait until gone."""
-        pods = [p for p in self._pods_on(name) if uses_gpu(p)]
-        deadline = time.monotonic() + timeout
-        waiting = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
-        refused = ""
-        while waiting:
-            for ns, pod in sorted(waiting):
-                body = json.dumps(
-                    {
-                        "apiVersion": "policy/v1",
-                        "kind": "Eviction",
-                        "metadata": {"name": pod, "namespace": ns},
-                    }
-                )
-                path = f"/api/v1/namespaces/{ns}/pods/{pod}/eviction"
-                create = shlex.join(self._argv(["create", "--raw", path, "-f", "-"]))
-                script = f"printf '%s' {shlex.quote(body)} | {create}"
-                res = self._exec(script, 60)
-                if res.rc != 0 and "NotFound" not in res.stderr and "not found" not in res.stderr:
-                    refused = f"{ns}/{pod}: {_first_line(res.stderr)}"
-            left = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in self._pods_on(name)}
-            waiting &= left
-            if not waiting:
-                return
-            if time.monotonic() >= deadline:
-                which = ", ".join(f"{ns}/{pod}" for ns, pod in sorted(waiting))
-                raise StepFailed(
-                    f"GPU pods not evicted within {int(timeout)}s: {which}"
-                    + (f" ({refused})" if refused else "")
-                )
-            time.sleep(self.poll_s)
+        """Evict only the pods on the node that use GPUs (PodDisruptionBudgets honoured) and wait for them.
+
+        They are marked with a label and drained by that selector: kubectl drain's own eviction, retry and
+        wait logic, restricted to those pods (kubectl has no other way to evict a pod).
+        """
+        pods = [p for p in self._pods_on(name) if uses_gpu(p) and not _daemonset_pod(p)]
+        if not pods:
+            return
+        by_ns: dict[str, list[str]] = {}
+        for p in pods:
+            by_ns.setdefault(p["metadata"]["namespace"], []).append(p["metadata"]["name"])
+        mark = f"{EVICT_LABEL}={name}"
+        for ns, names in sorted(by_ns.items()):
+            self._ok(
+                f"label pods in {ns}",
+                self.kubectl("label", "pods", "-n", ns, *sorted(names), mark, "--overwrite"),
+            )
+        res = self.kubectl(
+            "drain", name, "--pod-selector", mark, "--ignore-daemonsets", "--delete-emptydir-data",
+            f"--timeout={int(timeout)}s", timeout=timeout + 60,
+        )  # fmt: skip
+        if res.rc != 0:
+            which = ", ".join(f"{ns}/{n}" for ns, names in sorted(by_ns.items()) for n in sorted(names))
+            why = _first_line(res.stderr) or f"exit {res.rc}"
+            raise StepFailed(f"GPU pods not evicted ({which}; timeout {int(timeout)}s): {why}")
 
     def set_labels(self, name: str, labels: Mapping[str, str]) -> None:
         if labels:
@@ -285,6 +279,11 @@ class KubectlOverSsh:
         res = self.kubectl("annotate", "node", name, "--overwrite", value)
         if text is not None:
             self._ok(f"annotate node {name}", res)
+
+
+def _daemonset_pod(pod: Mapping[str, Any]) -> bool:
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("kind") == "DaemonSet" for r in refs)
 
 
 def uses_gpu(pod: Mapping[str, Any]) -> bool:

@@ -201,33 +201,47 @@ def test_gpu_pods_are_told_apart() -> None:
     assert not uses_gpu(mirror)
 
 
-def test_evict_gpu_pods_posts_evictions_and_waits() -> None:
-    listing = {"items": [pod("ml", "train", {"nvidia.com/gpu": "1"}), pod("web", "nginx", {"cpu": "1"})]}
-    k, fake = kube({"get pods": [ok(json.dumps(listing)), ok(json.dumps({"items": [listing["items"][1]]}))]})
+def test_evict_gpu_pods_drains_only_the_gpu_pods() -> None:
+    ds = pod("ml", "agent", {"nvidia.com/gpu": "1"})
+    ds["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "controller": True, "name": "agent"}]
+    listing = {
+        "items": [
+            pod("ml", "train", {"nvidia.com/gpu": "1"}),
+            pod("ml", "infer", {"nvidia.com/gpu": "1"}),
+            pod("web", "nginx", {"cpu": "1"}),
+            ds,
+        ]
+    }
+    k, fake = kube({"get pods": [ok(json.dumps(listing))]})
     k.evict_gpu_pods("gpu1", 30)
-    posts = [c for c in fake.commands if "create --raw" in c]
-    assert len(posts) == 1
-    assert "/api/v1/namespaces/ml/pods/train/eviction" in posts[0]
-    assert '"kind": "Eviction"' in posts[0]
+    assert fake.commands[1].endswith(
+        "label pods -n ml infer train gpuprov.io/evict-for-driver-upgrade=gpu1 --overwrite"
+    )
+    assert fake.commands[2].endswith(
+        "drain gpu1 --pod-selector gpuprov.io/evict-for-driver-upgrade=gpu1 --ignore-daemonsets "
+        "--delete-emptydir-data --timeout=30s"
+    )
+    assert len(fake.commands) == 3
 
 
-def test_evict_gpu_pods_gives_up_after_the_timeout() -> None:
+def test_no_gpu_pods_nothing_to_evict() -> None:
+    k, fake = kube({"get pods": [ok(json.dumps({"items": [pod("web", "nginx", {"cpu": "1"})]}))]})
+    k.evict_gpu_pods("gpu1", 30)
+    assert len(fake.commands) == 1
+
+
+def test_evict_gpu_pods_failure_names_the_pods() -> None:
     listing = {"items": [pod("ml", "train", {"nvidia.com/gpu": "1"})]}
     k, _ = kube(
         {
             "get pods": [ok(json.dumps(listing))],
-            "create --raw": [
-                err(
-                    "Error from server (TooManyRequests): Cannot evict pod as it would violate the "
-                    "pod's disruption budget."
-                )
-            ],
+            "drain": [err('error when evicting pods/"train" -n "ml": global timeout reached: 5s')],
         }
     )
     with pytest.raises(
-        StepFailed, match=r"GPU pods not evicted within 0s: ml/train \(ml/train: Error from server"
+        StepFailed, match=r"GPU pods not evicted \(ml/train; timeout 5s\): error when evicting"
     ):
-        k.evict_gpu_pods("gpu1", 0)
+        k.evict_gpu_pods("gpu1", 5)
 
 
 def test_wait_for_operands() -> None:
