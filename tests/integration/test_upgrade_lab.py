@@ -1,0 +1,215 @@
+"""`gpuprov upgrade-driver` on the lab: 570 → 580 across the GPU hosts, node by node, through the real CLI.
+
+Uses the session lab of tests/conftest.py (cp1 + two GPU hosts). The module bootstraps it with the driver
+pinned to 570 (group_vars in a copy of the lab's inventory directory), then, in this order:
+dry run (nothing changes) → a drain that times out (`drain-block`: host failed, uncordoned, untouched) →
+an install that fails (`install-fail`, --max-fail 0: the rollout stops, the other host is untouched and
+schedulable) → --resume once the fault is cleared (the rest completes, batch after batch) → a rerun
+(every host already at the target: skipped). It leaves the lab on the role's default driver, uncordoned
+and without faults.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.config import PLAYBOOKS_DIR, ROLES_DIR
+from provisioner.lab.testkit import Lab, gpuprov
+
+pytestmark = pytest.mark.lab
+
+OLD = "570.195.03"
+NEW = "580.159.04"  # the nvidia_driver role's default: what `--to 580` resolves to
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+NEEDS_FILES = (
+    PLAYBOOKS_DIR / "site.yml",
+    PLAYBOOKS_DIR / "upgrade_driver.yml",
+    ROLES_DIR / "nvidia_driver" / "tasks" / "upgrade.yml",
+    ROLES_DIR / "nvidia_driver" / "tasks" / "unload.yml",
+)
+
+
+def _missing() -> list[str]:
+    missing = [
+        m for m in ("provisioner.bootstrap", "provisioner.inventory") if importlib.util.find_spec(m) is None
+    ]
+    return missing + [str(p.relative_to(PLAYBOOKS_DIR.parent)) for p in NEEDS_FILES if not p.is_file()]
+
+
+@dataclass
+class Fleet570:
+    lab: Lab
+    inventory: Path
+    home: Path
+    gpu_hosts: list[str]
+
+    def upgrade(self, *args: str, timeout: float = 1800) -> tuple[int, dict[str, Any], str]:
+        res = gpuprov(
+            "upgrade-driver", "-i", str(self.inventory), "--format", "json", *args,
+            timeout=timeout, env={"GPUPROV_HOME": str(self.home)},
+        )  # fmt: skip
+        try:
+            summary = json.loads(res.stdout) if res.stdout.strip() else {}
+        except ValueError:
+            pytest.fail(
+                f"upgrade-driver printed no JSON (rc {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr}"
+            )
+        return res.returncode, summary, res.stderr
+
+    def loaded(self, host: str) -> str | None:
+        res = self.lab.ssh(host, "cat /proc/driver/nvidia/version 2>/dev/null || true")
+        m = re.search(r"Kernel Module\b.*?\s(\d+\.\d+\.\d+)\s", res.stdout)
+        return m.group(1) if m else None
+
+    def node(self, name: str) -> dict[str, Any]:
+        res = self.lab.ssh("cp1", f"{KUBECTL} get node {name} -o json")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    def schedulable(self, name: str) -> bool:
+        return not self.node(name).get("spec", {}).get("unschedulable", False)
+
+    def annotation(self, name: str) -> str | None:
+        return (self.node(name)["metadata"].get("annotations") or {}).get("gpuprov.io/driver-upgrade")
+
+    def fault(self, host: str, kind: str) -> None:
+        res = self.lab.cli("lab", "fault", host, kind)
+        assert res.returncode == 0, res.stderr
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet570]:
+    missing = _missing()
+    if missing:  # checked before asking for the lab, so that no lab is brought up for nothing
+        pytest.skip(f"the rolling upgrade on the lab needs {', '.join(missing)}, not in this checkout yet")
+    lab: Lab = request.getfixturevalue("lab")
+    base = tmp_path_factory.mktemp("upgrade")
+    inv_dir = base / "inventory"
+    (inv_dir / "group_vars").mkdir(parents=True)
+    inventory = inv_dir / "hosts.yml"
+    shutil.copyfile(lab.inventory, inventory)
+    (inv_dir / "group_vars" / "gpu_nodes.yml").write_text(
+        f"# The fleet before the upgrade: driver {OLD}.\n"
+        f'nvidia_driver_branch: "570"\nnvidia_driver_version: "{OLD}"\n'
+    )
+    env = Fleet570(lab, inventory, base / "home", [h for h, spec in lab.hosts.items() if spec.gpu_count])
+    assert len(env.gpu_hosts) >= 2, lab.hosts
+    try:
+        res = gpuprov("bootstrap", "-i", str(inventory), "--yes", "--format", "json", timeout=3600,
+                      env={"GPUPROV_HOME": str(env.home)})  # fmt: skip
+        assert res.returncode == 0, f"bootstrap at {OLD} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        for host in env.gpu_hosts:
+            assert env.loaded(host) == OLD, host
+            assert env.schedulable(host), host
+        yield env
+    finally:
+        for host in lab.hosts:
+            lab.cli("lab", "fault", host, "clear")
+            if host in env.gpu_hosts:
+                lab.ssh("cp1", f"{KUBECTL} uncordon {host}")
+
+
+def by_host(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["host"]: h for h in summary["hosts"]}
+
+
+def test_dry_run_plans_and_touches_nothing(fleet: Fleet570) -> None:
+    first, second = fleet.gpu_hosts[:2]
+    res = gpuprov(
+        "upgrade-driver", "-i", str(fleet.inventory), "--to", "580", "--batch", "1", "--canary", "1",
+        "--dry-run", env={"GPUPROV_HOME": str(fleet.home)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert f"target 580 (branch, installs {NEW})" in res.stdout
+    assert f"canary (1 host, in parallel):\n  {first:<20} {OLD} → 580" in res.stdout
+    assert f"batch 1 (1 host, in parallel):\n  {second:<20} {OLD} → 580" in res.stdout
+    assert "cordon, drain, stop GPU services" in res.stdout
+    assert not (fleet.home / "runs").exists() or not any((fleet.home / "runs").glob("*-upgrade-driver*"))
+    for host in fleet.gpu_hosts:
+        assert fleet.loaded(host) == OLD
+        assert fleet.schedulable(host)
+
+
+def test_drain_timeout_leaves_the_host_untouched_and_uncordoned(fleet: Fleet570) -> None:
+    host = fleet.gpu_hosts[-1]
+    fleet.fault(host, "drain-block")
+    try:
+        rc, summary, stderr = fleet.upgrade("--to", "580", "--limit", host, "--drain-timeout", "15")
+    finally:
+        fleet.fault(host, "clear")
+    assert rc == 1, stderr
+    row = by_host(summary)[host]
+    assert row["result"] == "failed", row
+    assert row["reason"].startswith("drain: kubectl drain (timeout 15s):"), row["reason"]
+    assert "the host was not touched" in row["reason"]
+    assert fleet.schedulable(host)
+    assert fleet.annotation(host) is None
+    assert fleet.loaded(host) == OLD
+    state = json.loads((Path(summary["record"]) / "state.json").read_text())
+    steps = [h[0] for h in state["hosts"][host]["history"]]
+    assert steps == ["probing", "cordoning", "draining", "uncordoning", "failed"]  # never got to the driver
+
+
+def test_failed_install_stops_the_rollout_with_the_rest_untouched(fleet: Fleet570) -> None:
+    first, rest = fleet.gpu_hosts[0], fleet.gpu_hosts[1:]
+    fleet.fault(first, "install-fail")
+    rc, summary, stderr = fleet.upgrade("--to", "580", "--batch", "1", "--max-fail", "0")
+    assert rc == 1, stderr
+    rows = by_host(summary)
+    assert rows[first]["result"] == "failed", rows[first]
+    assert rows[first]["cordoned"] is True
+    assert summary["status"] == "stopped" and summary["resumable"]
+    # The failed host stays out of scheduling, annotated with the reason.
+    assert not fleet.schedulable(first)
+    assert (fleet.annotation(first) or "").startswith("failed: ")
+    for host in rest:
+        assert rows[host]["result"] == "not-started", rows[host]
+        assert fleet.loaded(host) == OLD, host  # still on its working driver
+        assert fleet.schedulable(host), host  # never cordoned
+        assert f"{host:<20} cordoning" not in stderr
+
+
+def test_resume_after_clearing_the_fault_completes_the_rest(fleet: Fleet570) -> None:
+    fleet.fault(fleet.gpu_hosts[0], "clear")
+    rc, summary, stderr = fleet.upgrade("--resume")
+    assert rc == 0, (summary, stderr[-3000:])
+    rows = by_host(summary)
+    assert summary["status"] == "finished" and not summary["resumable"]
+    for host in fleet.gpu_hosts:
+        assert rows[host]["result"] == "upgraded", rows[host]
+        assert (rows[host]["from"], rows[host]["to"]) == (OLD, NEW)
+        assert fleet.loaded(host) == NEW, host
+        assert fleet.schedulable(host), host
+        assert fleet.annotation(host) is None, host
+    # Batches of one: each host started only after the one before had finished.
+    state = json.loads((Path(summary["record"]) / "state.json").read_text())
+    spans = []
+    for host in fleet.gpu_hosts:
+        history = state["hosts"][host]["history"]
+        start = max(t for step, t, *_ in history if step == "probing")
+        end = next(t for step, t, *_ in reversed(history) if step == "upgraded")
+        spans.append((start, end))
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end
+
+
+def test_hosts_at_the_target_are_skipped(fleet: Fleet570) -> None:
+    rc, summary, stderr = fleet.upgrade("--to", "580", "--batch", "2")
+    assert rc == 0, stderr
+    for row in by_host(summary).values():
+        assert row["result"] == "skipped", row
+        assert row["reason"] == f"already at 580: {NEW} loaded"
+    assert "cordoning" not in stderr
+    state = json.loads((Path(summary["record"]) / "state.json").read_text())
+    for host in fleet.gpu_hosts:
+        assert [h[0] for h in state["hosts"][host]["history"]] == ["probing", "skipped"]
