@@ -422,6 +422,7 @@ class Rollout:
     def _prepare(self, host: str, probe: HostProbe) -> bool:
         """Probe → cordon → drain → pause operands. True: the host is ready for the install."""
         s = self.state.hosts[host]
+        self._check()  # a probe cut short by Ctrl-C is an interruption, not a failure
         if probe.error:
             self._end(host, FAILED, f"probe: {probe.error}")
             return False
@@ -453,6 +454,7 @@ class Rollout:
         try:
             info = kube.node(node_name)
         except StepFailed as exc:
+            self._check()
             self._end(host, FAILED, f"control plane: {exc.reason}")
             return False
         if info is None:
@@ -467,6 +469,7 @@ class Rollout:
         try:
             kube.cordon(info.name)
         except StepFailed as exc:
+            self._check()
             self._release(host, info.name, "cordon", exc.reason)
             return False
         self.state.update(host, cordoned_by_us=not s.was_cordoned)
@@ -547,6 +550,7 @@ class Rollout:
 
     def _complete(self, host: str, after: HostProbe) -> bool:
         """Verify the upgraded host; on success restore operands and uncordon."""
+        self._check()
         before = self.before.get(host) or HostProbe.from_dict(host, self.state.hosts[host].before or {})
         problems = judge(before, after, self.opt.target)
         if problems:

@@ -264,3 +264,20 @@ def test_table_output(home: Path, inv: Path, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "upgrade-driver → 580" in out
     assert "hosts: 1 skipped, 2 upgraded; record:" in out
+
+
+def test_ctrl_c_stops_cleanly_with_exit_3(home: Path, inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    fleet = FakeFleet([FakeHost("gpu1"), FakeHost("gpu2"), FakeHost("gpu3")])
+    fleet.on_install = lambda name: os.kill(os.getpid(), signal.SIGINT) if name == "gpu2" else None
+    previous = signal.getsignal(signal.SIGINT)
+    assert run(inv, Factory(fleet), batch="1") == 3
+    assert signal.getsignal(signal.SIGINT) is previous  # the handler is put back
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert [h["result"] for h in summary["hosts"]] == ["upgraded", "interrupted", "not-started"]
+    assert summary["hosts"][1]["reason"] == "interrupted at reloading; node left cordoned"
+    assert fleet.interrupts == 1
+    assert "interrupted: stopping after the steps in progress" in err
+    assert fleet.touched("gpu3") == []

@@ -9,7 +9,7 @@ import pytest
 from test_upgrade_fakes import FakeFleet, FakeHost, fleet_of
 
 from provisioner.upgrade import PAUSED, Options, Rollout
-from provisioner.upgrade_plan import build_plan, parse_batch, parse_target
+from provisioner.upgrade_plan import HostProbe, build_plan, parse_batch, parse_target
 from provisioner.upgrade_state import UpgradeState
 
 DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
@@ -388,3 +388,20 @@ def test_state_is_written_at_every_step(tmp_path: Path) -> None:
     rollout.run()
     assert seen == ["installing"]
     assert not list(state.path.parent.glob("*.tmp"))
+
+
+def test_probe_cut_short_by_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Path) -> None:
+    fleet = fleet_of(2)
+    rollout, state = start(fleet, tmp_path, batch="2")
+    real_probe = fleet.probe
+
+    def probe_then_ctrl_c(hosts: list[str]) -> dict[str, HostProbe]:
+        rollout.interrupt()  # the signal arrives while the probes run; their connections get closed
+        return {h: HostProbe(h, error="SSH session lost: Socket is closed") for h in hosts}
+
+    fleet.probe = probe_then_ctrl_c  # type: ignore[method-assign]
+    outcome = rollout.run()
+    fleet.probe = real_probe  # type: ignore[method-assign]
+    assert outcome.status == "interrupted"
+    assert results(state) == {"gpu1": "interrupted", "gpu2": "interrupted"}
+    assert all(fleet.touched(h) == [] for h in fleet.hosts)
