@@ -7,7 +7,7 @@ are imported inside the verbs so that `gpuprov --help` stays instant.
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -32,19 +32,19 @@ lab_app = typer.Typer(
 app.add_typer(lab_app, name="lab")
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     json = "json"
 
 
-class ReportFormat(str, Enum):
+class ReportFormat(StrEnum):
     table = "table"
     json = "json"
     junit = "junit"
     prometheus = "prometheus"
 
 
-class FailOn(str, Enum):
+class FailOn(StrEnum):
     warn = "warn"
     fail = "fail"
 
