@@ -86,11 +86,12 @@ KERNEL_UNAME ?= $(shell uname -r)
 NV_FLAVOUR ?= open
 CC ?= cc
 MODULES := {modules}
+SIM_CHECK ?= python3 {pylib}/gpuprovsim/dkmsbuild.py
 
 modules: $(addsuffix .ko,$(MODULES))
 
 %.ko: sim-module.c
-\t@python3 {pylib}/gpuprovsim/dkmsbuild.py $* $(KERNEL_UNAME) $(NV_FLAVOUR) {version}
+\t@$(SIM_CHECK) $* $(KERNEL_UNAME) $(NV_FLAVOUR) {version}
 \t$(CC) -c -o $@ -DSIM_NAME='"$(subst -,_,$*)"' -DSIM_VERSION='"{version}"' \\
 \t  -DSIM_LICENSE='"{license}"' -DSIM_VERMAGIC='"$(KERNEL_UNAME) SMP preempt mod_unload modversions "' \\
 \t  sim-module.c
@@ -742,6 +743,23 @@ def headers_package(release: str | None = None) -> SimPackage:
     )
 
 
+def headers_metapackage(release: str | None = None) -> SimPackage:
+    """linux-headers-amd64: Debian's metapackage for the headers of its current kernel (dkms recommends
+    it), here the lab's running kernel."""
+    hp = headers_package(release)
+    return SimPackage(
+        name="linux-headers-amd64",
+        version=hp.version,
+        repo="debian",
+        description="Header files for Linux (meta-package)",
+        long_description="This package depends on the architecture-specific header files for the latest "
+        "Linux kernel, here the lab's running kernel.",
+        depends=[f"{hp.name} (= {hp.version})"],
+        section="kernel",
+        files=_doc("linux-headers-amd64", f"{SIMULATED} kernel headers metapackage"),
+    )
+
+
 def packages() -> list[SimPackage]:
     pkgs: list[SimPackage] = []
     for version in DRIVERS:
@@ -749,5 +767,5 @@ def packages() -> list[SimPackage]:
     # One fabric manager package name per branch: every version of it is published.
     pkgs += _dcgm_packages()
     pkgs += _cuda_packages()
-    pkgs.append(headers_package())
+    pkgs += [headers_package(), headers_metapackage()]
     return pkgs

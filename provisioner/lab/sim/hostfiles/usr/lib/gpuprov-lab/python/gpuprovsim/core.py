@@ -112,11 +112,14 @@ class Host:
             fcntl.flock(lock, fcntl.LOCK_EX)
             state = self._load_state()
             before = json.dumps(state, sort_keys=True)
-            yield state
-            if json.dumps(state, sort_keys=True) != before:
-                tmp = run / "state.json.tmp"
-                tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-                os.replace(tmp, run / "state.json")
+            try:
+                yield state
+            finally:
+                # Saved also when a tool fails half-way: the kernel logs a refused load, for example.
+                if json.dumps(state, sort_keys=True) != before:
+                    tmp = run / "state.json.tmp"
+                    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+                    os.replace(tmp, run / "state.json")
 
     def state(self) -> dict[str, Any]:
         """A snapshot of the run-time state (no lock held afterwards)."""
@@ -164,11 +167,3 @@ def write_text(path: Path, text: str, mode: int = 0o644) -> None:
         fh.write(text)
     with contextlib.suppress(OSError):
         path.chmod(mode)
-
-
-def err(prog: str, message: str) -> None:
-    import sys
-
-    sys.stderr.write(message if message.endswith("\n") else message + "\n")
-    sys.stderr.flush()
-    del prog

@@ -63,7 +63,7 @@ class Log:
         if self.tty:
             sys.stderr.write(f"{level.upper()[:4]}[0000] {msg:<44} \n")
         else:
-            now = dt.datetime.now(dt.UTC).astimezone().isoformat(timespec="seconds")
+            now = dt.datetime.now(dt.UTC).astimezone().isoformat(timespec="seconds").replace("+00:00", "Z")
             sys.stderr.write(f'time="{now}" level={level} msg={json.dumps(msg)}\n')
 
     def info(self, msg: str) -> None:

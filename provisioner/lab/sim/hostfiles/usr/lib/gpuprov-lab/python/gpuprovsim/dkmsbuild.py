@@ -8,6 +8,7 @@ half-configured), and when the kernel headers are not there.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from gpuprovsim import core
 
 def check(host: core.Host, module: str, kernel: str, flavour: str, version: str) -> int:
     build = host.p(f"/lib/modules/{kernel}/build")
+    if build.is_symlink() and os.readlink(build).startswith("/"):
+        build = host.p(os.readlink(build))  # the headers' absolute link, inside this host's root
     if not (build / "Makefile").exists():
         sys.stderr.write(
             f"make[1]: *** /lib/modules/{kernel}/build: No such file or directory.  Stop.\n"

@@ -358,6 +358,7 @@ def unload(host: core.Host, name: str, prog: str = "rmmod", with_deps: bool = Fa
             raise KmodError(f"modprobe: FATAL: Module {name} is not in kernel.")
         held = holders(st, name)
         if held or refcount(st, name):
+            render(host, st)  # the reference counts shown must be the ones just judged
             if prog == "rmmod":
                 if held:
                     raise KmodError(f"rmmod: ERROR: Module {name} is in use by: {' '.join(held)}")
@@ -669,7 +670,7 @@ def lsmod_text(host: core.Host) -> str:
     return "\n".join(out) + "\n"
 
 
-def nvidia_modprobe(host: core.Host, argv: list[str]) -> int:
+def nvidia_modprobe(host: core.Host, argv: list[str], version: str = "") -> int:
     """nvidia-modprobe: load nvidia (-u: nvidia_uvm, -m: nvidia_modeset) and create the device nodes."""
     wanted = ["nvidia"]
     if "-u" in argv or "--unified-memory" in argv:
@@ -677,7 +678,7 @@ def nvidia_modprobe(host: core.Host, argv: list[str]) -> int:
     if "-m" in argv or "--modeset" in argv:
         wanted.append("nvidia_modeset")
     if "--version" in argv or "-v" in argv:
-        sys.stdout.write(f"\nnvidia-modprobe:  version {os.environ.get('GPUPROV_SIM_DRIVER', '')}\n")
+        sys.stdout.write(f"\nnvidia-modprobe:  version {version}\n")
         return 0
     try:
         for n in wanted:
@@ -701,7 +702,7 @@ def ensure_loaded(host: core.Host) -> bool:
     return True
 
 
-def main(prog: str, argv: list[str], **_: str) -> int:
+def main(prog: str, argv: list[str], driver: str = "", **_: str) -> int:
     host = core.Host()
     if prog == "modprobe":
         return modprobe(host, argv)
@@ -713,6 +714,6 @@ def main(prog: str, argv: list[str], **_: str) -> int:
         sys.stdout.write(lsmod_text(host))
         return 0
     if prog == "nvidia-modprobe":
-        return nvidia_modprobe(host, argv)
+        return nvidia_modprobe(host, argv, driver)
     sys.stderr.write(f"gpuprov lab kmod: unknown program {prog}\n")
     return 2

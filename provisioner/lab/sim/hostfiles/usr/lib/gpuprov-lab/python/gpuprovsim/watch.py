@@ -30,6 +30,10 @@ def sync(host: core.Host) -> None:
                 del seen[k]  # cleared: the lab "repaired" it
         for k in sorted(keys):
             seen.setdefault(k, round(host.uptime(st), 6))
+        from gpuprovsim import kmod
+
+        kmod.users(st)  # daemons that died no longer hold the driver
+        kmod.render(host, st)
     from gpuprovsim import boot  # boot imports this module
 
     with contextlib.suppress(OSError):
