@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -192,8 +193,14 @@ class KubectlOverSsh:
     def node(self, name: str) -> NodeInfo | None:
         res = self.kubectl("get", "node", name, "-o", "json")
         if res.rc != 0:
-            if "NotFound" in res.stderr or "not found" in res.stderr:
+            # Only the API server's answer means "no such node"; kubectl missing or the API down is a
+            # failure (else a host would be upgraded without being drained).
+            if res.rc != 127 and re.search(
+                rf'\(NotFound\).*nodes? "{re.escape(name)}" not found', res.stderr
+            ):
                 return None
+            if res.rc == 127:
+                raise StepFailed(f"kubectl not found on {self.host}: {_first_line(res.stderr)}")
             self._ok(f"get node {name}", res)
         try:
             doc = json.loads(res.stdout)
@@ -414,11 +421,16 @@ class RealFleet:
         )
         out: dict[str, InstallOutcome] = {}
         for h in hosts:
+            stats = result.stats.get(h)
+            # A failure that a block rescued (the unload of modules in use) is not the host's failure: the
+            # final stats say whether the host failed; the last failure event says why.
             failures = [f for f in result.failures if f.host == h]
-            if failures:
-                f = failures[0]
-                what = "unreachable" if f.unreachable else (f.stage or "upgrade")
-                out[h] = InstallOutcome("failed", f"{what}: {f.task}: {f.message}".strip())
+            failed = stats is not None and (stats.failed > 0 or stats.unreachable > 0)
+            if failed or (stats is None and failures and not result.interrupted):
+                f = failures[-1] if failures else None
+                what = "unreachable" if f and f.unreachable else ((f.stage if f else None) or "upgrade")
+                why = f"{f.task}: {f.message}" if f else f"the playbook failed ({result.status})"
+                out[h] = InstallOutcome("failed", f"{what}: {why}".strip())
             elif h in result.reboot_pending:
                 why = notes.get(h, "the new driver needs a reboot")
                 out[h] = InstallOutcome(

@@ -131,6 +131,15 @@ def test_node_read_and_not_found() -> None:
     )
 
 
+def test_kubectl_missing_is_a_step_failure_not_a_missing_node() -> None:
+    k, _ = kube({"get node": [err("sh: 1: kubectl: not found", rc=127)]})
+    with pytest.raises(StepFailed, match="kubectl not found on cp1"):
+        k.node("gpu1")
+    k, _ = kube({"get node": [err('Error from server (NotFound): pods "gpu1" not found')]})
+    with pytest.raises(StepFailed):
+        k.node("gpu1")
+
+
 def test_api_down_is_a_step_failure_not_a_missing_node() -> None:
     k, _ = kube({"get node": [err("The connection to the server 192.0.2.10:6443 was refused")]})
     with pytest.raises(StepFailed, match="kubectl get node gpu1: The connection to the server"):
@@ -320,9 +329,17 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         return PlaybookResult(
             status="failed",
             rc=2,
-            stats={h: HostStats(h) for h in ("gpu1", "gpu2", "gpu3")},
+            stats={
+                "gpu1": HostStats("gpu1"),
+                "gpu2": HostStats("gpu2", rescued=1),
+                "gpu3": HostStats("gpu3", failed=1),
+            },
             failures=[
-                Failure("gpu3", "nvidia_driver", "Install the driver packages", "dpkg: error processing")
+                # rescued by the unload block: the modules stay loaded, a reboot is pending
+                Failure(
+                    "gpu2", "nvidia_driver", "No process may hold the NVIDIA modules", "still in use: nvidia"
+                ),
+                Failure("gpu3", "nvidia_driver", "Install the driver packages", "dpkg: error processing"),
             ],
             reboot_pending={"gpu2"},
         )
