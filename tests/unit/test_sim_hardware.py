@@ -164,6 +164,12 @@ def test_a_fault_changes_exactly_its_gpu(h100: SimHost, fault: dict, check_id: s
 def test_faults_reach_sysfs_xml_and_the_kernel_log(h100: SimHost) -> None:
     dev = h100.root / "sys/bus/pci/devices/0000:5d:00.0"
     assert (dev / "current_link_speed").read_text() == "32.0 GT/s PCIe\n"
+    # Bound to the driver, both ways round as sysfs shows it (lspci -k resolves the link).
+    assert (dev / "driver").resolve() == (h100.root / "sys/bus/pci/drivers/nvidia").resolve()
+    assert (h100.root / "sys/bus/pci/drivers/nvidia/0000:5d:00.0").resolve() == dev.resolve()
+    switch = h100.root / "sys/bus/pci/devices/0000:05:00.0"
+    assert (switch / "driver").resolve().name == "nvidia-nvswitch"
+    assert (switch / "class").read_text() == "0x068000\n"
     h100.set_faults([{"kind": "pcie", "gpu": 3}, {"kind": "xid", "gpu": 2, "xid": 48}])
     log = probes.parse_nvidia_smi_xml(h100.smi("-q", "-x")[1])
     assert (log.gpus[3].link_gen_current, log.gpus[3].link_width_current) == (3, 8)

@@ -274,6 +274,7 @@ def boot(host: core.Host) -> int:
     _bind_file(host, run / "boot_id", "/proc/sys/kernel/random/boot_id", problems)
     pci = _tmpfs(host, "/sys/bus/pci/devices", problems)
     write_pci(host, pci)
+    _tmpfs(host, "/sys/bus/pci/drivers", problems)
     real = run / "host-sys-module"
     if host.on_host:
         copy_sys_module(Path("/sys/module"), real)

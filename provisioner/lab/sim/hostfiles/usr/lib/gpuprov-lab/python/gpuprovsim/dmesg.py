@@ -64,7 +64,7 @@ def xid_lines(gpu: dict[str, Any], xid: int) -> list[str]:
         xid, (None, None, "An error occurred on the GPU (see NVIDIA's Xid catalogue)")
     )
     who = f"pid={pid}, name={name}" if pid else "pid='<unknown>', name=<unknown>"
-    lines = [f"NVRM: Xid (PCI:{short}): {xid}, {who}, {text}"]
+    lines = [f"NVRM: GPU at PCI:{short}: {gpu['uuid']}", f"NVRM: Xid (PCI:{short}): {xid}, {who}, {text}"]
     if xid == 79:
         lines += [
             f"NVRM: GPU {gpu['pci_address']}: GPU has fallen off the bus.",

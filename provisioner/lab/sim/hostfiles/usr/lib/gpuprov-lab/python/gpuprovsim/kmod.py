@@ -519,10 +519,25 @@ def _render_pci_drivers(host: core.Host, st: dict[str, Any]) -> None:
             link.unlink()
         if want:
             link.symlink_to(f"../../drivers/{want}")
+        _driver_links(host, d.name, have, want)
         uevent = d / "uevent"
         if uevent.exists():
             lines = [ln for ln in uevent.read_text().splitlines() if not ln.startswith("DRIVER=")]
             core.write_text(uevent, "\n".join(([f"DRIVER={want}"] if want else []) + lines) + "\n")
+
+
+def _driver_links(host: core.Host, address: str, old: str | None, new: str | None) -> None:
+    """/sys/bus/pci/drivers/<driver>/<address> links, so tools that resolve the driver link find it."""
+    drivers = host.p("/sys/bus/pci/drivers")
+    if not (drivers / ".gpuprov-sim").exists():
+        return
+    if old and (drivers / old / address).is_symlink():
+        (drivers / old / address).unlink()
+    if new:
+        (drivers / new).mkdir(exist_ok=True)
+        link = drivers / new / address
+        if not link.is_symlink():
+            link.symlink_to(f"../../devices/{address}")
 
 
 def _render_dev(host: core.Host, st: dict[str, Any]) -> None:
