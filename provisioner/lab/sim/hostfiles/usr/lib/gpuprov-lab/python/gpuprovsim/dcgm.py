@@ -109,9 +109,7 @@ def discovery(host: core.Host, st: dict[str, Any]) -> str:
             ("", f"PCI Bus ID: {g['bus_id']}"),
             ("", f"Device UUID: {g['uuid']}"),
         ]
-        out_rows = rows
-    out += _box(rows if gpus else [], ("GPU ID", "Device Information"))
-    del out_rows
+    out += _box(rows, ("GPU ID", "Device Information"))
     switches = host.nvswitches()
     out.append(f"{len(switches)} NvSwitch{'es' if len(switches) != 1 else ''} found.")
     out += ["+-----------+", "| Switch ID |", "+-----------+"]
