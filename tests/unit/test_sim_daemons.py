@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import sim_host
-from sim_host import SimHost, daemons, dcgm
+from sim_host import SimHost, daemons, dcgm, watch
 
 from provisioner import probes
 
@@ -104,6 +104,15 @@ def test_diag_needs_the_cuda_plugin_of_the_driver(tmp_path: Path) -> None:
 
 def test_a_daemon_holding_the_driver_blocks_unloading_until_it_exits(h100: SimHost) -> None:
     assert h100.kmod("rmmod", "nvidia_uvm")[0] == 0
+    hold(h100, "nvidia-persistenced")
+    assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "0\n"  # not rendered yet
+    watch.sync(h100.host)
+    assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "1\n"
+    assert h100.kmod("rmmod", "nvidia") == (1, "", "rmmod: ERROR: Module nvidia is in use\n")
     with h100.host.locked() as st:
-        st["users"]["nvidia-persistenced"] = 2**22 + 12345  # a PID that is not running
+        st["users"]["nvidia-persistenced"] = 2**22 + 12345  # the daemon was killed: a PID not running
+    assert watch._holder_died(h100.host)
+    watch.sync(h100.host)
+    assert not watch._holder_died(h100.host)
+    assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "0\n"
     assert h100.kmod("rmmod", "nvidia")[0] == 0

@@ -40,6 +40,15 @@ def sync(host: core.Host) -> None:
         boot.update_links(host)
 
 
+def _holder_died(host: core.Host) -> bool:
+    """A daemon that held the driver is gone (killed, crashed): its reference must go too."""
+    try:
+        st = json.loads((host.run_dir() / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(not core.pid_alive(int(pid)) for pid in st.get("users", {}).values())
+
+
 def main(prog: str, argv: list[str], **_: str) -> int:
     host = core.Host()
     interval = float(argv[0]) if argv else 1.0
@@ -49,7 +58,7 @@ def main(prog: str, argv: list[str], **_: str) -> int:
             stamp = host.p(core.FAULTS).stat().st_mtime_ns
         except OSError:
             stamp = None
-        if stamp != last:
+        if stamp != last or _holder_died(host):
             try:
                 sync(host)
                 last = stamp
