@@ -77,7 +77,7 @@ def _bind_file(host: core.Host, source: Path, target: str, problems: list[str]) 
         return True
     if not t.exists():
         return False
-    msg = _mount(host, "--bind", str(source), str(t))
+    msg = _mount(host, "--bind", str(source), str(t)) or _mount(host, "-o", "remount,bind,ro", str(t))
     if msg:
         problems.append(msg)
         return False
