@@ -1137,7 +1137,7 @@ def cmd_init(host: Host, pos: list[str], flags: dict[str, str], o: Out) -> int:
     admin = Client(admin_kc, timeout=30)
     api = Api(admin)
     try:
-        finish_init(host, cfg, api, ca, node, ip, server, kubelet_cfg, o)
+        finish_init(host, cfg, api, ca, node, ip, server, kubelet_cfg, o, flags)
     finally:
         admin.close()
     return 0
@@ -1153,6 +1153,7 @@ def finish_init(
     server: str,
     kubelet_cfg: Obj,
     o: Out,
+    flags: dict[str, str] | None = None,
 ) -> None:
     cluster_cfg = u.deep_merge(
         {
@@ -1205,7 +1206,27 @@ def finish_init(
             "data": {"kubelet": u.yaml_dump(kubelet_cfg)},
         }
     )
-    o.p("[upload-certs] Skipping phase. Please see --upload-certs")
+    flags = flags or {}
+    withheld = "<value withheld>"
+    if "upload-certs" in flags:
+        import secrets
+
+        key = secrets.token_hex(32)
+        o.p(
+            '[upload-certs] Storing the certificates in Secret "kubeadm-certs" in the "kube-system" Namespace'
+        )
+        o.p("[upload-certs] Using certificate key:")
+        o.p(withheld if "skip-certificate-key-print" in flags else key)
+        api.ensure(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "kubeadm-certs", "namespace": "kube-system"},
+                "data": {"ca.crt": pki.b64(ca.cert)},
+            }
+        )
+    else:
+        o.p("[upload-certs] Skipping phase. Please see --upload-certs")
     for crb_name, role, subject in (
         ("kubeadm:cluster-admins", "cluster-admin", ("Group", "kubeadm:cluster-admins")),
         (
@@ -1297,7 +1318,7 @@ def finish_init(
             )
         ttl = u.parse_duration(t.get("ttl", "24h0m0s"))
         printed = printed or token
-        o.p(f"[bootstrap-token] Using token: {token}")
+        o.p(f"[bootstrap-token] Using token: {withheld if 'skip-token-print' in flags else token}")
         api.ensure(
             token_secret(
                 token,
@@ -1389,7 +1410,7 @@ Run "kubectl apply -f [podnetwork].yaml" with one of the options listed at:
 
 Then you can join any number of worker nodes by running the following on each as root:
 
-kubeadm join {endpoint} --token {printed} \\
+kubeadm join {endpoint} --token {withheld if "skip-token-print" in flags else printed} \\
 \t--discovery-token-ca-cert-hash {ca_hash} """)
 
 

@@ -190,7 +190,7 @@ case "$1" in
     exit 0;;
 esac
 if [ "$CNI_COMMAND" = VERSION ]; then
-  echo "{{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[$V]}}"
+  printf '{{"cniVersion":"1.1.0","supportedVersions":[%s]}}\\n' "$V"
   exit 0
 fi
 echo '{{"code":100,"msg":"SIMULATED CNI plugin {name}: not available on a gpuprov lab host"}}'

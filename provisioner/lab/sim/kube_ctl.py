@@ -350,7 +350,7 @@ def pod_status(p: Obj) -> tuple[str, str, str]:
                 reason = state["waiting"]["reason"]
             elif (state.get("terminated") or {}).get("reason"):
                 reason = state["terminated"]["reason"]
-            elif c.get("ready") and state.get("running"):
+            elif c.get("ready") and state.get("running") is not None:
                 has_running = True
                 ready += 1
         if reason == "Completed" and has_running:
@@ -808,6 +808,15 @@ def cmd_apply(k: Kubectl) -> int:
             k.p(f"{ref} created{suffix}")
             continue
         prev_raw = (u.dig(live, "metadata", "annotations") or {}).get(LAST_APPLIED)
+        if not prev_raw:
+            k.e(
+                f"Warning: resource {res.plural}/{name} is missing the {LAST_APPLIED} annotation which is "
+                "required by kubectl apply. kubectl apply should only be used on resources created "
+                "declaratively "
+                "by either kubectl create --save-config or kubectl apply. The missing annotation will be "
+                "patched "
+                "automatically."
+            )
         prev = json.loads(prev_raw) if prev_raw else {}
         patch = u.three_way_patch(prev, body, live)
         patch.pop("status", None)

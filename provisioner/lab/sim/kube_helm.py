@@ -113,6 +113,10 @@ FLAGS = {
     "cleanup-on-fail": False,
     "reset-then-reuse-values": False,
     "repo": True,
+    "filter": True,
+    "pending": False,
+    "superseded": False,
+    "uninstalled": False,
     "username": True,
     "password": True,
     "include-crds": False,
@@ -631,6 +635,10 @@ def cmd_search(h: Helm, pos: list[str]) -> int:
 def resolve_chart(h: Helm, ref: str) -> tuple[Chart, str]:
     """(chart, where it came from) for repo/chart, a local directory or archive, or a URL."""
     version = h.flags.get("version")
+    if h.flags.get("repo"):
+        repo_url = str(h.flags["repo"])
+        _data, idx = h.index(repo_url)
+        return _from_index(h, idx, repo_url, ref, ref, version)
     if ref.startswith(("http://", "https://", "file://")):
         return load_chart_archive(h.fetch(ref)), ref
     local = h.host.p(ref)
@@ -646,12 +654,17 @@ def resolve_chart(h: Helm, ref: str) -> tuple[Chart, str]:
             if chart_name
             else f"non-absolute URLs should be in form of repo_name/path_to_chart, got: {ref}"
         )
-    idx = h.cached_index(repo_name)
+    return _from_index(h, h.cached_index(repo_name), repo["url"], chart_name, repo_name, version)
+
+
+def _from_index(
+    h: Helm, idx: Obj, repo_url: str, chart_name: str, repo_name: str, version: str | None
+) -> tuple[Chart, str]:
     entries = (idx.get("entries") or {}).get(chart_name)
     if not entries:
         raise HelmError(
-            f"chart \"{chart_name}\" not found in {repo_name} index. (try 'helm repo update'): no chart name "
-            f"found"
+            f"chart \"{chart_name}\" not found in {repo_name} index. (try 'helm repo update'): no chart "
+            f"name found"
         )
     if version:
         cands = [e for e in entries if str(e.get("version")) in (version, f"v{version}", version.lstrip("v"))]
@@ -664,7 +677,7 @@ def resolve_chart(h: Helm, ref: str) -> tuple[Chart, str]:
     else:
         entry = sorted(entries, key=lambda e: _semver_key(str(e.get("version"))))[-1]
     url = (entry.get("urls") or [""])[0]
-    full = urllib.parse.urljoin(repo["url"].rstrip("/") + "/", url)
+    full = urllib.parse.urljoin(repo_url.rstrip("/") + "/", url)
     return load_chart_archive(h.fetch(full)), full
 
 
@@ -1041,12 +1054,17 @@ def cmd_list(h: Helm, pos: list[str]) -> int:
         key = (r["namespace"], r["name"])
         if key not in latest or r["version"] > latest[key]["version"]:
             latest[key] = r
+    wanted = {st for st in ("deployed", "failed", "pending", "superseded", "uninstalled") if h.flags.get(st)}
+    if not wanted:
+        wanted = {"deployed", "failed"}
+    pattern = re.compile(h.flags["filter"]) if h.flags.get("filter") else None
     rows = []
     for (_ns, _name), r in sorted(latest.items()):
         st = r["info"]["status"]
-        if st in ("superseded", "uninstalled") or (
-            st != "deployed" and not h.flags.get("all") and h.flags.get("deployed")
-        ):
+        shown = "pending" if st.startswith("pending") else st
+        if not h.flags.get("all") and shown not in wanted:
+            continue
+        if pattern is not None and not pattern.search(r["name"]):
             continue
         chart = r["chart"]["metadata"]
         rows.append(

@@ -335,19 +335,31 @@ def reconcile(ctl: Controllers) -> None:
             or int(st.get("updatedNumberScheduled", desired)) < desired
         ):
             not_ready.append(f"state-{deploy}")
-    ready = not not_ready
+    has_nfd = any(
+        k.startswith("feature.node.kubernetes.io/")
+        for n in nodes
+        for k in (n["metadata"].get("labels") or {})
+    )
+    ready = not not_ready and has_nfd
+    if not has_nfd:
+        # As the real operator: without node-feature-discovery's labels no GPU node can be found.
+        reason, message = (
+            "NFDLabelsMissing",
+            "NFD labels missing in the cluster, GPU nodes cannot be discovered",
+        )
+    elif not_ready:
+        reason, message = (
+            "OperandNotReady",
+            f"ClusterPolicy is not ready, states not ready: [{' '.join(not_ready)}]",
+        )
+    else:
+        reason, message = ("Reconciled" if gpu_nodes else "NoGPUNodes"), ""
     status = {
         "namespace": ns,
         "state": "ready" if ready else "notReady",
         "conditions": [
-            ctl._cond(
-                cp,
-                "Ready",
-                ready,
-                "Reconciled" if gpu_nodes or not ready else "NoGPUNodes",
-                "" if ready else f"ClusterPolicy is not ready, states not ready: [{' '.join(not_ready)}]",
-            ),
-            ctl._cond(cp, "Error", not ready, "OperandNotReady" if not ready else "Ready", ""),
+            ctl._cond(cp, "Ready", ready, reason, message),
+            ctl._cond(cp, "Error", not ready, reason if not ready else "Ready", message),
         ],
     }
     for c in status["conditions"]:

@@ -53,7 +53,13 @@ def _openssl(host: Host, *args: str, input: str | None = None) -> str:
 
 
 def new_key(host: Host) -> str:
-    """An RSA-2048 private key in PKCS#1 PEM (what kubeadm writes)."""
+    """An RSA-2048 private key in PKCS#1 PEM (what kubeadm writes). A host may carry a pool of
+    pre-generated keys (tests: many simulated nodes on a small machine) that is used round-robin."""
+    pool = getattr(host, "key_pool", None)
+    if pool:
+        key = pool.pop(0)
+        pool.append(key)
+        return str(key)
     return _openssl(host, "genrsa", "-traditional", "2048")
 
 

@@ -207,6 +207,7 @@ class SimHost(Host):
     services: Services | None = None
     gpus: list[str] = field(default_factory=list)
     driver_ok: bool = True
+    key_pool: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.services = Services(self)
@@ -268,11 +269,25 @@ class SimHost(Host):
         return 0, "NVIDIA-SMI 580.95.05    Driver Version: 580.95.05    CUDA Version: 13.0\n", ""
 
 
-def make_node(root: Path, name: str, gpus: int = 0) -> SimHost:
+_KEYS: list[str] = []
+
+
+def key_pool(n: int = 8) -> list[str]:
+    """RSA keys generated once per process and shared by the simulated nodes (keygen dominates kubeadm
+    init on a small machine; distinct keys are not what the tests check)."""
+    from . import kube_pki
+
+    while len(_KEYS) < n:
+        _KEYS.append(kube_pki.new_key(Host()))
+    return list(_KEYS)
+
+
+def make_node(root: Path, name: str, gpus: int = 0, shared_keys: bool = True) -> SimHost:
     """A prepared node: os-release, the tools kubeadm looks for, IPv4 forwarding configured, containerd on
     with SystemdCgroup, kubelet enabled; with ``gpus`` H200s on the PCI bus and a working driver."""
     root.mkdir(parents=True, exist_ok=True)
-    h = SimHost(root=root, name=name, ip="127.0.0.1")
+    h = SimHost(root=root, name=name, ip="127.0.0.1", key_pool=key_pool() if shared_keys else [])
+    h.write("/proc/meminfo", "MemTotal:       65843180 kB\nMemFree:        60000000 kB\n")
     h.write("/etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n')
     h.write(
         "/etc/sysctl.d/99-kubernetes.conf",

@@ -223,6 +223,8 @@ FUNCS: dict[str, Callable[..., Any]] = {
     "gt": lambda a, b: a > b,
     "ge": lambda a, b: a >= b,
     "not": lambda v: not _truthy(v),
+    "and": lambda *a: next((x for x in a if not _truthy(x)), a[-1] if a else None),
+    "or": lambda *a: next((x for x in a if _truthy(x)), a[-1] if a else None),
     "empty": lambda v: not _truthy(v),
     "hasKey": lambda d, k: isinstance(d, Mapping) and k in d,
     "required": _required,
