@@ -245,6 +245,13 @@ def test_unload_is_refused_while_in_use_with_the_real_messages(h100: SimHost) ->
     ]
     assert h100.kmod("modprobe", "-r", "nvidia_drm")[0] == 0
     assert "nvidia" not in (h100.root / "run/gpuprov-lab/proc-modules").read_text()
+    assert h100.kmod("modprobe", "nvidia_uvm")[0] == 0
+    assert h100.kmod("modprobe", "-r", "nvidia_peermem", "nvidia_uvm") == (
+        1,
+        "",
+        "modprobe: FATAL: Module nvidia_peermem is not in kernel.\n",
+    )
+    assert "nvidia_uvm" in (h100.root / "run/gpuprov-lab/proc-modules").read_text()
 
 
 def test_version_mismatch_after_a_userspace_upgrade(h100: SimHost) -> None:

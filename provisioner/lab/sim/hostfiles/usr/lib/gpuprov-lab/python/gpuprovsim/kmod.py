@@ -638,6 +638,8 @@ def modprobe(host: core.Host, argv: list[str]) -> int:
                 load(host, n, "modprobe")
         except core.SimError as exc:
             rc = _report(exc, quiet and "not found" in str(exc))
+            if remove:
+                break  # kmod stops removing at the first module it cannot remove
     return rc
 
 
