@@ -8,6 +8,7 @@ package's own Makefile with the system C compiler, as dkms does on a lab host.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
@@ -40,6 +41,7 @@ def deb_dir() -> Path:
     import tempfile
 
     out = Path(tempfile.mkdtemp(prefix="gpuprov-simdebs-"))
+    atexit.register(shutil.rmtree, out, True)
     for pkg in catalog.gpu_packages():
         debs.build_deb(pkg, out)
     return out
