@@ -643,6 +643,7 @@ def parse_kernel_log(text: str) -> list[XidEvent]:
     if not any(_KLOG_LINE.match(line) for line in lines[:200]):
         raise ParseError(f"kernel log: not in dmesg/journalctl format: {first_line(text, 80)!r}")
     events: list[XidEvent] = []
+    fallen: list[XidEvent] = []
     for i, line in enumerate(lines):
         if "NVRM" not in line:
             continue
@@ -654,8 +655,18 @@ def parse_kernel_log(text: str) -> list[XidEvent]:
         if f:
             window = " ".join(lines[i : i + 4])
             if "fallen off the bus" in window:
-                events.append(XidEvent(79, f.group("pci").lower(), "GPU has fallen off the bus", line))
+                fallen.append(XidEvent(79, f.group("pci").lower(), "GPU has fallen off the bus", line))
+    # Drivers that print an Xid 79 line also print the "fallen off the bus" report: one event, not two.
+    seen_79 = {_pci_device(e.pci) for e in events if e.xid == 79}
+    events.extend(e for e in fallen if _pci_device(e.pci) not in seen_79)
     return events
+
+
+def _pci_device(pci: str) -> str:
+    """domain:bus:device, without the function and with an 8-digit domain cut to 4 (as lspci prints)."""
+    base = pci.split(".", 1)[0].lower()
+    domain, _, rest = base.partition(":")
+    return f"{domain[-4:]}:{rest}"
 
 
 @dataclass(frozen=True)

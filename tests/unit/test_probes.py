@@ -311,3 +311,15 @@ def test_build_script_refuses_a_bad_token_and_quotes_the_image() -> None:
         P.build_script(["os-release"], "x; rm -rf /")
     script = P.build_script(["container-smoke.txt"], "00aa00aa00aa00aa", smoke_image="nvcr.io/x:1'$(id)")
     assert "SMOKE_IMAGE='nvcr.io/x:1'\"'\"'$(id)'" in script
+
+
+def test_xid_79_with_its_fallen_off_the_bus_report_is_one_event() -> None:
+    # Real drivers print the Xid line and then the multi-line "fallen off the bus" report for the same GPU.
+    log = vf.kernel_log(
+        "[ 1843.300000] NVRM: Xid (PCI:0000:b3:00): 79, pid=0, name=, GPU has fallen off the bus.",
+        "[ 1843.308145] NVRM: GPU 0000:b3:00.0: GPU has fallen off the bus.",
+        "[ 1843.308146] NVRM: The NVIDIA GPU 0000:3b:00.0",
+        "               NVRM: fallen off the bus and is not responding to commands.",
+    )
+    events = P.parse_kernel_log(log)
+    assert [(e.xid, e.pci) for e in events] == [(79, "0000:b3:00"), (79, "0000:3b:00.0")]
