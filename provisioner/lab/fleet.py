@@ -364,6 +364,10 @@ def _create_host(
         h.name,
         *labels,
         "--privileged",
+        # `systemctl reboot` ends systemd (PID 1) with a non-zero status: restarting the container is
+        # the lab's reboot (new boot id, modules loaded at boot), so Ansible's reboot module works.
+        "--restart",
+        "on-failure",
         "--network",
         lp.network,
         "--ip",
