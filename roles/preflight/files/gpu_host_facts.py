@@ -63,16 +63,30 @@ def pci_devices() -> list[dict[str, str]]:
 
 
 def loaded_modules() -> dict[str, dict[str, Any]]:
-    """The NVIDIA modules and nouveau as /proc/modules lists them, with their users."""
+    """The NVIDIA modules and nouveau that are loaded, with their reference count and the modules that
+    use them: from /proc/modules, else from /sys/module/<name> (initstate, refcnt, holders/), which a
+    kernel also exposes for every loaded module."""
     mods: dict[str, dict[str, Any]] = {}
-    for line in read("/proc/modules").splitlines():
-        parts = line.split()
-        if parts and parts[0] in WATCHED_MODULES:
-            users = parts[3] if len(parts) > 3 else "-"
-            mods[parts[0]] = {
-                "refcount": int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0,
-                "used_by": [u for u in users.split(",") if u and u != "-"],
-            }
+    if os.path.exists("/proc/modules"):
+        for line in read("/proc/modules").splitlines():
+            parts = line.split()
+            if parts and parts[0] in WATCHED_MODULES:
+                users = parts[3] if len(parts) > 3 else "-"
+                mods[parts[0]] = {
+                    "refcount": int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0,
+                    "used_by": [u for u in users.split(",") if u and u != "-"],
+                }
+        return mods
+    for name in WATCHED_MODULES:
+        d = f"/sys/module/{name}"
+        if read(f"{d}/initstate") != "live":
+            continue
+        refcnt = read(f"{d}/refcnt", "0")
+        try:
+            holders = sorted(os.listdir(f"{d}/holders"))
+        except OSError:
+            holders = []
+        mods[name] = {"refcount": int(refcnt) if refcnt.isdigit() else 0, "used_by": holders}
     return mods
 
 
@@ -126,11 +140,19 @@ def secure_boot() -> dict[str, str]:
 def headers(kernel: str, query_apt: bool) -> dict[str, Any]:
     """Whether the running kernel's headers are installed, else what apt would install for them."""
     pkg = f"linux-headers-{kernel}"
+    lists = [
+        os.path.join("/var/lib/apt/lists", n)
+        for n in (os.listdir("/var/lib/apt/lists") if os.path.isdir("/var/lib/apt/lists") else [])
+        if "_Packages" in n
+    ]
     out: dict[str, Any] = {
         "kernel": kernel,
         "build_dir": os.path.isdir(f"/lib/modules/{kernel}/build"),
         "package": pkg,
         "candidate": "",
+        # apt's package lists: without them apt cannot tell whether the headers exist.
+        "apt_lists": len(lists),
+        "apt_lists_newest": int(max((os.path.getmtime(p) for p in lists), default=0)),
     }
     if query_apt and not out["build_dir"] and shutil.which("apt-cache"):
         try:
