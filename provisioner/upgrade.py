@@ -817,6 +817,9 @@ def run_upgrade(
             fleet.close()
 
     summary = _summary(state, plan, options, outcome)
+    summary["notes"] = pin_notes(selected, state, options.install_version)
+    for note in summary["notes"]:
+        progress(None, f"note: {note}")
     records.write_json(state.path.parent / "summary.json", summary)
     _render(summary, output_format)
     if outcome.status in ("interrupted", "paused"):
@@ -825,6 +828,25 @@ def run_upgrade(
 
 
 # ----------------------------------------------------------------------------------------- output
+
+
+def pin_notes(hosts: Sequence[Any], state: UpgradeState, installed: str) -> list[str]:
+    """Upgraded hosts whose inventory (or the role's default) pins another version: the next bootstrap
+    would move them back, so say so."""
+    default = _role_default("nvidia_driver_version")
+    by_pin: dict[str, list[str]] = {}
+    for h in hosts:
+        s = state.hosts.get(h.name)
+        if s is None or s.result != UPGRADED:
+            continue
+        pin = (getattr(h, "vars", None) or {}).get("nvidia_driver_version", default)
+        if pin is not None and "{{" not in str(pin) and str(pin) != installed:
+            by_pin.setdefault(str(pin), []).append(h.name)
+    return [
+        f"nvidia_driver_version is {pin} for {', '.join(names)} (inventory or role default): set it to "
+        f"{installed}, or the next gpuprov bootstrap installs {pin} again"
+        for pin, names in sorted(by_pin.items())
+    ]
 
 
 def _summary(state: UpgradeState, plan: Plan, options: Options, outcome: RolloutOutcome) -> dict[str, Any]:

@@ -281,3 +281,20 @@ def test_ctrl_c_stops_cleanly_with_exit_3(home: Path, inv: Path, capsys: pytest.
     assert fleet.interrupts == 1
     assert "interrupted: stopping after the steps in progress" in err
     assert fleet.touched("gpu3") == []
+
+
+def test_note_when_the_inventory_pins_another_version(
+    home: Path, inv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (inv.parent / "group_vars").mkdir()
+    (inv.parent / "group_vars" / "gpu_nodes.yml").write_text(
+        'nvidia_driver_branch: "570"\nnvidia_driver_version: "570.195.03"\n'
+    )
+    assert run(inv, Factory(three()), to="580", batch="3") == 0
+    out, err = capsys.readouterr()
+    notes = json.loads(out)["notes"]
+    assert notes == [
+        "nvidia_driver_version is 570.195.03 for gpu1, gpu3 (inventory or role default): "
+        "set it to 580.159.04, or the next gpuprov bootstrap installs 570.195.03 again"
+    ]
+    assert "note: nvidia_driver_version is 570.195.03" in err
