@@ -18,13 +18,19 @@ from provisioner.lab.sim.kube_host import Host, containerd_config
 NODES = {
     "kind": "List",
     "items": [
-        {"metadata": {"name": "cp1", "labels": {"node-role.kubernetes.io/control-plane": ""}},
-         "status": {"allocatable": {"cpu": "2"}, "conditions": [{"type": "Ready", "status": "True"}]}},
-        {"metadata": {"name": "gpu1", "labels": {}},
-         "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "1"},
-                    "conditions": [{"type": "Ready", "status": "False"}]}},
+        {
+            "metadata": {"name": "cp1", "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "status": {"allocatable": {"cpu": "2"}, "conditions": [{"type": "Ready", "status": "True"}]},
+        },
+        {
+            "metadata": {"name": "gpu1", "labels": {}},
+            "status": {
+                "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"},
+                "conditions": [{"type": "Ready", "status": "False"}],
+            },
+        },
     ],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -32,7 +38,10 @@ NODES = {
     [
         ("{.items[*].metadata.name}", "cp1 gpu1"),
         ("{.items[1].status.allocatable.nvidia\\.com/gpu}", "1"),
-        ('{range .items[*]}{.metadata.name}{"\\t"}{.status.allocatable.cpu}{"\\n"}{end}', "cp1\t2\ngpu1\t8\n"),
+        (
+            '{range .items[*]}{.metadata.name}{"\\t"}{.status.allocatable.cpu}{"\\n"}{end}',
+            "cp1\t2\ngpu1\t8\n",
+        ),
         ('{.items[?(@.metadata.name=="gpu1")].status.conditions[?(@.type=="Ready")].status}', "False"),
         ("{.items[0].status.allocatable}", '{"cpu":"2"}'),
         ("{.items[0].missing.field}", ""),
@@ -58,7 +67,7 @@ def render(text: str, values: dict[str, object]) -> str:
     ("text", "values", "want"),
     [
         ("a: {{ .Values.x }}", {"x": 3}, "a: 3"),
-        ("a: {{ .Values.x | default \"d\" | quote }}", {}, 'a: "d"'),
+        ('a: {{ .Values.x | default "d" | quote }}', {}, 'a: "d"'),
         ("{{- if .Values.on }}on{{- else }}off{{- end }}", {"on": False}, "off"),
         ("{{ if and .Values.a (not .Values.b) }}yes{{ end }}", {"a": 1, "b": 0}, "yes"),
         ("x:\n  {{- toYaml .Values.m | nindent 2 }}", {"m": {"k": "v", "l": [1]}}, "x:\n  k: v\n  l:\n  - 1"),
@@ -107,7 +116,13 @@ def test_patches() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "go", "age"),
-    [(30, "30s", "30s"), (240, "4m0s", "4m"), (330, "5m30s", "5m30s"), (3600, "1h0m0s", "60m"), (0.5, "500ms", "0s")],
+    [
+        (30, "30s", "30s"),
+        (240, "4m0s", "4m"),
+        (330, "5m30s", "5m30s"),
+        (3600, "1h0m0s", "60m"),
+        (0.5, "500ms", "0s"),
+    ],
 )
 def test_durations(seconds: float, go: str, age: str) -> None:
     assert u.go_duration(seconds) == go
@@ -128,12 +143,20 @@ def host_with(tmp_path: Path, files: dict[str, str]) -> Host:
 
 
 def test_containerd_config_versions(tmp_path: Path) -> None:
-    h = host_with(tmp_path, {"/etc/containerd/config.toml": (
-        'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n'),
-        "/etc/containerd/conf.d/99-nvidia.toml": (
-        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
-        '  runtime_type = "io.containerd.runc.v2"\n')})  # fmt: skip
+    h = host_with(
+        tmp_path,
+        {
+            "/etc/containerd/config.toml": (
+                'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+                '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n  SystemdCgroup = '
+                "true\n"
+            ),
+            "/etc/containerd/conf.d/99-nvidia.toml": (
+                'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+                '  runtime_type = "io.containerd.runc.v2"\n'
+            ),
+        },
+    )
     cc = containerd_config(h)
     assert cc.cri_enabled and cc.systemd_cgroup() and cc.has_runtime("nvidia")
     h.write("/etc/containerd/config.toml", 'disabled_plugins = ["cri"]\n')
@@ -150,27 +173,34 @@ def test_containerd_config_versions(tmp_path: Path) -> None:
 
 
 def test_sysctl_configuration_order(tmp_path: Path) -> None:
-    h = host_with(tmp_path, {
-        "/usr/lib/sysctl.d/50-default.conf": "net.ipv4.ip_forward = 0\n",
-        "/etc/sysctl.d/99-kubernetes.conf": "# k8s\nnet.ipv4.ip_forward = 1\n",
-        "/etc/sysctl.d/10-early.conf": "net/ipv4/ip_forward=0\n",
-    })  # fmt: skip
+    h = host_with(
+        tmp_path,
+        {
+            "/usr/lib/sysctl.d/50-default.conf": "net.ipv4.ip_forward = 0\n",
+            "/etc/sysctl.d/99-kubernetes.conf": "# k8s\nnet.ipv4.ip_forward = 1\n",
+            "/etc/sysctl.d/10-early.conf": "net/ipv4/ip_forward=0\n",
+        },
+    )
     assert h.sysctl_configured("net.ipv4.ip_forward") == "1"
     h.write("/etc/sysctl.conf", "net.ipv4.ip_forward=0\n")
     assert h.sysctl_configured("net.ipv4.ip_forward") == "0"
     assert h.sysctl_configured("net.bridge.bridge-nf-call-iptables") is None
 
 
-def _pod(init: list[dict[str, object]], main: list[dict[str, object]], deleting: bool = False) -> dict[str, object]:
+def _pod(
+    init: list[dict[str, object]], main: list[dict[str, object]], deleting: bool = False
+) -> dict[str, object]:
     meta: dict[str, object] = {"name": "p"}
     if deleting:
         meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
     return {
         "metadata": meta,
-        "spec": {"initContainers": [{"name": f"i{i}"} for i in range(len(init))] or None,
-                 "containers": [{"name": f"c{i}"} for i in range(len(main))]},
+        "spec": {
+            "initContainers": [{"name": f"i{i}"} for i in range(len(init))] or None,
+            "containers": [{"name": f"c{i}"} for i in range(len(main))],
+        },
         "status": {"phase": "Pending", "initContainerStatuses": init, "containerStatuses": main},
-    }  # fmt: skip
+    }
 
 
 def test_pod_status_column() -> None:
@@ -192,8 +222,13 @@ def test_helm_set_values() -> None:
     vals: dict[str, object] = {}
     kube_helm.apply_set(vals, "driver.enabled=false,a.b[1].c=3,list={x,y},s=007")
     kube_helm.apply_set(vals, "str=true", as_string=True)
-    assert vals == {"driver": {"enabled": False}, "a": {"b": [{}, {"c": 3}]}, "list": ["x", "y"], "s": "007",
-                    "str": "true"}  # fmt: skip
+    assert vals == {
+        "driver": {"enabled": False},
+        "a": {"b": [{}, {"c": 3}]},
+        "list": ["x", "y"],
+        "s": "007",
+        "str": "true",
+    }
     with pytest.raises(kube_helm.HelmError):
         kube_helm.apply_set({}, "novalue")
 
@@ -213,7 +248,10 @@ def test_store_api_semantics(tmp_path: Path) -> None:
     assert same["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     changed = s.patch(cms, "default", "c", {"data": {"k": "w"}})
     assert changed["metadata"]["generation"] == 2
-    s.create(pods, {"metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "containers": []}})
+    s.create(
+        pods,
+        {"metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "containers": []}},
+    )
     marked = s.delete(pods, "default", "p")
     assert marked["metadata"]["deletionTimestamp"] and s.find(pods, "default", "p") is not None
     s.delete(pods, "default", "p", grace=0)
@@ -240,10 +278,14 @@ def test_ca_pin_is_the_sha256_of_the_public_key_info(tmp_path: Path) -> None:
     h = Host(root=tmp_path)
     ca = kube_pki.make_ca(h, "kubernetes")
     (tmp_path / "ca.crt").write_text(ca.cert)
-    pub = subprocess.run(["openssl", "x509", "-pubkey", "-noout", "-in", str(tmp_path / "ca.crt")],
-                         capture_output=True, check=True).stdout  # fmt: skip
-    der = subprocess.run(["openssl", "pkey", "-pubin", "-outform", "der"], input=pub, capture_output=True,
-                         check=True).stdout  # fmt: skip
+    pub = subprocess.run(
+        ["openssl", "x509", "-pubkey", "-noout", "-in", str(tmp_path / "ca.crt")],
+        capture_output=True,
+        check=True,
+    ).stdout
+    der = subprocess.run(
+        ["openssl", "pkey", "-pubin", "-outform", "der"], input=pub, capture_output=True, check=True
+    ).stdout
     assert kube_pki.spki_pin(h, ca.cert) == "sha256:" + hashlib.sha256(der).hexdigest()
     leaf = kube_pki.make_cert(h, ca, "system:node:gpu1", ["system:nodes"])
     info = kube_pki.cert_info(h, leaf.cert)

@@ -51,7 +51,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Pat
 
 
 def _field(deb: Path, name: str) -> str:
-    return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def _files(deb: Path) -> set[str]:
@@ -69,8 +71,12 @@ def test_kubelet_deb_fields_and_files(built: dict[tuple[str, str], Path]) -> Non
     assert "iptables (>= 1.8.4)" in _field(deb, "Recommends")
     assert "SIMULATED (gpuprov lab)" in _field(deb, "Description")
     files = _files(deb)
-    for f in ("/usr/bin/kubelet", "/usr/lib/systemd/system/kubelet.service", "/etc/default/kubelet",
-              "/usr/lib/systemd/system/gpuprov-lab-kube-apiserver.service"):  # fmt: skip
+    for f in (
+        "/usr/bin/kubelet",
+        "/usr/lib/systemd/system/kubelet.service",
+        "/etc/default/kubelet",
+        "/usr/lib/systemd/system/gpuprov-lab-kube-apiserver.service",
+    ):
         assert f in files, f
     unit = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(unit)) as tar:
@@ -122,7 +128,11 @@ def _extract(deb: Path, dest: Path) -> Path:
 
 def _run_entry(root: Path, prog: str, pkg: str, *args: str, env: dict[str, str] | None = None) -> str:
     """Run an entry script from an extracted package, its library dir pointed into the extraction."""
-    script = (root / prog.lstrip("/")).read_text().replace(f"{kube.LIB}/{pkg}", str(root / kube.LIB.lstrip("/") / pkg))
+    script = (
+        (root / prog.lstrip("/"))
+        .read_text()
+        .replace(f"{kube.LIB}/{pkg}", str(root / kube.LIB.lstrip("/") / pkg))
+    )
     res = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=root, env=env, check=False
     )
@@ -132,8 +142,13 @@ def _run_entry(root: Path, prog: str, pkg: str, *args: str, env: dict[str, str] 
 
 def test_tools_run_from_their_package(built: dict[tuple[str, str], Path], tmp_path: Path) -> None:
     root = tmp_path / "root"
-    for key in (("kubectl", "k8s-1.34"), ("kubeadm", "k8s-1.33"), ("kubelet", "k8s-1.34"), ("helm", "helm"),
-                ("cri-tools", "k8s-1.33")):  # fmt: skip
+    for key in (
+        ("kubectl", "k8s-1.34"),
+        ("kubeadm", "k8s-1.33"),
+        ("kubelet", "k8s-1.34"),
+        ("helm", "helm"),
+        ("cri-tools", "k8s-1.33"),
+    ):
         _extract(built[key], root)
     assert "Client Version: v1.34.1" in _run_entry(root, "/usr/bin/kubectl", "kubectl", "version", "--client")
     assert _run_entry(root, "/usr/bin/kubeadm", "kubeadm", "version", "-o", "short") == "v1.33.5\n"
@@ -144,11 +159,21 @@ def test_tools_run_from_their_package(built: dict[tuple[str, str], Path], tmp_pa
 
 def test_cni_plugin_answers_a_version_probe(built: dict[tuple[str, str], Path], tmp_path: Path) -> None:
     root = _extract(built[("kubernetes-cni", "k8s-1.33")], tmp_path / "root")
-    res = subprocess.run([str(root / "opt/cni/bin/bridge")], env={"CNI_COMMAND": "VERSION"}, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    res = subprocess.run(
+        [str(root / "opt/cni/bin/bridge")],
+        env={"CNI_COMMAND": "VERSION"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "1.0.0" in json.loads(res.stdout)["supportedVersions"]
-    add = subprocess.run([str(root / "opt/cni/bin/bridge")], env={"CNI_COMMAND": "ADD"}, capture_output=True,
-                         text=True, check=False)  # fmt: skip
+    add = subprocess.run(
+        [str(root / "opt/cni/bin/bridge")],
+        env={"CNI_COMMAND": "ADD"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert add.returncode != 0
 
 
@@ -168,8 +193,19 @@ def test_chart_repository_index_points_at_the_chart(mirror_files: dict[str, byte
     assert entry["digest"] == hashlib.sha256(tgz).hexdigest()
     chart = kube_helm.load_chart_archive(tgz)
     assert (chart.name, chart.version, chart.meta["appVersion"]) == ("gpu-operator", "v25.10.0", "v25.10.0")
-    for key in ("driver", "toolkit", "devicePlugin", "dcgmExporter", "migManager", "nfd", "operator", "cdi",
-                "validator", "gfd", "node-feature-discovery"):  # fmt: skip
+    for key in (
+        "driver",
+        "toolkit",
+        "devicePlugin",
+        "dcgmExporter",
+        "migManager",
+        "nfd",
+        "operator",
+        "cdi",
+        "validator",
+        "gfd",
+        "node-feature-discovery",
+    ):
         assert key in chart.values, key
     assert chart.values["driver"]["enabled"] is True and chart.values["nfd"]["enabled"] is True
     assert "defaultRuntime" in chart.values["operator"]
@@ -186,9 +222,13 @@ def test_flannel_manifest_has_the_real_objects(mirror_files: dict[str, bytes]) -
     docs = [d for d in yaml.safe_load_all(mirror_files["flannel/v0.27.4/kube-flannel.yml"]) if d]
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert kinds == {
-        ("Namespace", "kube-flannel"), ("ClusterRole", "flannel"), ("ClusterRoleBinding", "flannel"),
-        ("ServiceAccount", "flannel"), ("ConfigMap", "kube-flannel-cfg"), ("DaemonSet", "kube-flannel-ds"),
-    }  # fmt: skip
+        ("Namespace", "kube-flannel"),
+        ("ClusterRole", "flannel"),
+        ("ClusterRoleBinding", "flannel"),
+        ("ServiceAccount", "flannel"),
+        ("ConfigMap", "kube-flannel-cfg"),
+        ("DaemonSet", "kube-flannel-ds"),
+    }
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     assert json.loads(cm["data"]["net-conf.json"])["Network"] == "10.244.0.0/16"
     assert json.loads(cm["data"]["cni-conf.json"])["plugins"][0]["type"] == "flannel"
@@ -204,15 +244,21 @@ def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path) -> Non
     host = kt.SimHost(root=tmp_path, name="x")
     h = kube_helm.Helm(host, {}, io.StringIO(), io.StringIO())
     h._client = None
-    values = {"driver": {"enabled": False}, "toolkit": {"enabled": False}, "nfd": {"enabled": False},
-              "operator": {"defaultRuntime": "containerd"}}  # fmt: skip
+    values = {
+        "driver": {"enabled": False},
+        "toolkit": {"enabled": False},
+        "nfd": {"enabled": False},
+        "operator": {"defaultRuntime": "containerd"},
+    }
 
     class NoServer:
         def request(self, *a: object, **k: object) -> dict[str, str]:
             return {"gitVersion": "v1.33.5"}
 
     h._client = NoServer()  # type: ignore[assignment]
-    _manifest, docs, crds, _notes = kube_helm.render(h, chart, values, "gpu-operator", "gpu-operator", 1, True)
+    _manifest, docs, _crds, _notes = kube_helm.render(
+        h, chart, values, "gpu-operator", "gpu-operator", 1, True
+    )
     cp = next(d for d in docs if d["kind"] == "ClusterPolicy")
     assert cp["spec"]["driver"]["enabled"] is False and cp["spec"]["toolkit"]["enabled"] is False
     assert cp["spec"]["devicePlugin"]["enabled"] is True

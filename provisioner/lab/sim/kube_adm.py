@@ -372,7 +372,7 @@ def _check_mixed(flags: dict[str, str], allowed: set[str]) -> None:
     if "config" in flags:
         bad = sorted(k for k in flags if k != "config" and k not in allowed)
         if bad:
-            raise Failure(f"can not mix '--config' with arguments {bad}".replace("'", "'").replace('"', ""))
+            raise Failure(f"can not mix '--config' with arguments [{' '.join(bad)}]")
 
 
 def _version(value: str) -> str:
