@@ -134,7 +134,7 @@ def test_init_prints_the_join_command_with_the_ca_pin(cluster: Cluster) -> None:
 
 
 def test_second_init_fails_preflight_like_the_real_one(cluster: Cluster) -> None:
-    rc, out, err = kt.Tool(cluster.cp).kubeadm("init", "--pod-network-cidr=10.244.0.0/16")
+    rc, _out, err = kt.Tool(cluster.cp).kubeadm("init", "--pod-network-cidr=10.244.0.0/16")
     assert rc == 1
     assert "[preflight] Some fatal errors occurred:" in err
     assert "[ERROR FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml]: " in err
@@ -660,7 +660,7 @@ def test_config_file_v1beta4_and_mixed_flags(fresh: kt.SimHost) -> None:
         "init", "--config", "/root/init.yaml", "--pod-network-cidr=10.0.0.0/16"
     )
     assert rc == 1 and "can not mix '--config' with arguments [pod-network-cidr]" in err
-    rc, out, err = kt.Tool(fresh).kubeadm("init", "--config", "/root/init.yaml", "--dry-run")
+    rc, _out, err = kt.Tool(fresh).kubeadm("init", "--config", "/root/init.yaml", "--dry-run")
     assert rc == 0, err
     assert 'strict decoding error: unknown field "foo"' in err
     fresh.write("/root/bad.yaml", "apiVersion: kubeadm.k8s.io/v1beta9\nkind: InitConfiguration\n")
