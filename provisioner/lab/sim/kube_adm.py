@@ -648,6 +648,7 @@ def write_pki(host: Host, cfg: Config, node: str, ip: str, o: Out) -> pki.CertKe
             dns.append(san)
     if "127.0.0.1" not in ips and ip.startswith("127."):
         ips.append("127.0.0.1")
+    dns, ips = list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
     o.p('[certs] Generating "apiserver" certificate and key')
     o.p(f"[certs] apiserver serving cert is signed for DNS names [{' '.join(dns)}] and IPs [{' '.join(ips)}]")
     save("apiserver", pki.make_cert(host, ca, "kube-apiserver", server=True, client=False, dns=dns, ips=ips))
@@ -1391,6 +1392,15 @@ def finish_init(
     o.p("[addons] Applied essential addon: kube-proxy")
     ca_hash = pki.spki_pin(host, ca.cert)
     endpoint = server.removeprefix("https://")
+    shown_token = withheld if "skip-token-print" in flags else printed
+    control_plane_join = ""
+    if cfg.control_plane_endpoint:
+        control_plane_join = (
+            "You can now join any number of control-plane nodes by copying certificate authorities\n"
+            "and service account keys on each node and then running the following as root:\n\n"
+            f"  kubeadm join {endpoint} --token {shown_token} \\\n"
+            f"\t--discovery-token-ca-cert-hash {ca_hash} \\\n\t--control-plane \n\n"
+        )
     o.p(f"""
 Your Kubernetes control-plane has initialized successfully!
 
@@ -1408,7 +1418,7 @@ You should now deploy a pod network to the cluster.
 Run "kubectl apply -f [podnetwork].yaml" with one of the options listed at:
   https://kubernetes.io/docs/concepts/cluster-administration/addons/
 
-Then you can join any number of worker nodes by running the following on each as root:
+{control_plane_join}Then you can join any number of worker nodes by running the following on each as root:
 
 kubeadm join {endpoint} --token {withheld if "skip-token-print" in flags else printed} \\
 \t--discovery-token-ca-cert-hash {ca_hash} """)

@@ -100,6 +100,14 @@ def node_fits(pod_spec: Obj, node: Obj) -> str | None:
     return None
 
 
+def preference(pod_spec: Obj, node: Obj) -> int:
+    """Sum of the weights of the pod's preferred node-affinity terms the node matches."""
+    terms = (
+        u.dig(pod_spec, "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution") or []
+    )
+    return sum(int(t.get("weight", 0)) for t in terms if _term_matches(t.get("preference") or {}, node))
+
+
 def node_condition(node: Obj, ctype: str) -> Obj:
     for c in u.dig(node, "status", "conditions") or []:
         if c.get("type") == ctype:
@@ -724,6 +732,7 @@ class Controllers:
                 continue
             reasons: dict[str, int] = {}
             best: Obj | None = None
+            best_score: tuple[int, int] = (0, 0)
             need_gpu = pod_requests(p, "nvidia.com/gpu")
             for n in nodes:
                 name = n["metadata"]["name"]
@@ -742,8 +751,9 @@ class Controllers:
                 if why:
                     reasons[why] = reasons.get(why, 0) + 1
                     continue
-                if best is None or count.get(name, 0) < count.get(best["metadata"]["name"], 0):
-                    best = n
+                score = (preference(p["spec"], n), -count.get(name, 0))
+                if best is None or score > best_score:
+                    best, best_score = n, score
             ns, pname = p["metadata"]["namespace"], p["metadata"]["name"]
             if best is not None:
                 node_name = best["metadata"]["name"]

@@ -466,6 +466,12 @@ class Helm:
             self.client.replace(res, ns, sec)
 
 
+def table(rows: list[list[str]]) -> str:
+    """helm's tables: cells padded to their column's width, joined by tabs."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "".join("\t".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n" for r in rows)
+
+
 def _now_helm() -> str:
     t = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}Z"
@@ -567,11 +573,7 @@ def cmd_repo(h: Helm, pos: list[str]) -> int:
         if h.flags.get("output") == "json":
             h.p(json.dumps([{"name": r["name"], "url": r["url"]} for r in repos]))
         else:
-            h.out.write(
-                u.table([["NAME", "URL"]] + [[r["name"], r["url"]] for r in repos], padding=1)
-                .replace("\n", "\t\n")
-                .replace("\t\n", "\n")
-            )
+            h.out.write(table([["NAME", "URL"]] + [[r["name"], r["url"]] for r in repos]))
         return 0
     if sub == "remove":
         repos = h.repos()
@@ -623,10 +625,9 @@ def cmd_search(h: Helm, pos: list[str]) -> int:
         h.p("No results found")
     else:
         h.out.write(
-            u.table(
+            table(
                 [["NAME", "CHART VERSION", "APP VERSION", "DESCRIPTION"]]
                 + [[r["name"], r["version"], r["app_version"], r["description"]] for r in rows],
-                padding=1,
             )
         )
     return 0
@@ -1084,8 +1085,8 @@ def cmd_list(h: Helm, pos: list[str]) -> int:
     elif fmt == "yaml":
         h.out.write(u.yaml_dump(rows))
     else:
-        table = [["NAME", "NAMESPACE", "REVISION", "UPDATED", "STATUS", "CHART", "APP VERSION"]]
-        table += [
+        grid = [["NAME", "NAMESPACE", "REVISION", "UPDATED", "STATUS", "CHART", "APP VERSION"]]
+        grid += [
             [
                 r["name"],
                 r["namespace"],
@@ -1097,7 +1098,7 @@ def cmd_list(h: Helm, pos: list[str]) -> int:
             ]
             for r in rows
         ]
-        h.out.write(u.table(table, padding=1))
+        h.out.write(table(grid))
     return 0
 
 
@@ -1181,7 +1182,7 @@ def cmd_history(h: Helm, pos: list[str]) -> int:
         h.p(json.dumps(rows))
     else:
         h.out.write(
-            u.table(
+            table(
                 [["REVISION", "UPDATED", "STATUS", "CHART", "APP VERSION", "DESCRIPTION"]]
                 + [
                     [
@@ -1194,7 +1195,6 @@ def cmd_history(h: Helm, pos: list[str]) -> int:
                     ]
                     for r in rows
                 ],
-                padding=1,
             )
         )
     return 0
