@@ -573,7 +573,11 @@ class Rollout:
 
 @contextlib.contextmanager
 def _sigint_to(rollout: Rollout) -> Iterator[None]:
-    """First Ctrl-C: stop cleanly (state recorded, exit 3). A second one: stop at once."""
+    """First Ctrl-C: stop cleanly (state recorded, exit 3). A second one: stop at once.
+
+    SIGTERM (a service manager, `timeout`) is taken as Ctrl-C, so that it too cancels a batch's playbook
+    run (whose runner listens for SIGINT) instead of leaving ansible-playbook behind.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -584,11 +588,16 @@ def _sigint_to(rollout: Rollout) -> Iterator[None]:
             raise KeyboardInterrupt
         rollout.interrupt()
 
+    def on_term(signum: int, frame: Any) -> None:
+        signal.raise_signal(signal.SIGINT)
+
     previous = signal.signal(signal.SIGINT, handler)
+    previous_term = signal.signal(signal.SIGTERM, on_term)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 def _confirm(question: str) -> bool:

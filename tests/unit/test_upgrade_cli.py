@@ -298,3 +298,15 @@ def test_note_when_the_inventory_pins_another_version(
         "set it to 580.159.04, or the next gpuprov bootstrap installs 570.195.03 again"
     ]
     assert "note: nvidia_driver_version is 570.195.03" in err
+
+
+def test_sigterm_is_taken_as_ctrl_c(home: Path, inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    fleet = FakeFleet([FakeHost("gpu1"), FakeHost("gpu2"), FakeHost("gpu3")])
+    fleet.on_install = lambda name: os.kill(os.getpid(), signal.SIGTERM) if name == "gpu1" else None
+    previous = signal.getsignal(signal.SIGTERM)
+    assert run(inv, Factory(fleet), batch="1") == 3
+    assert signal.getsignal(signal.SIGTERM) is previous
+    summary = json.loads(capsys.readouterr().out)
+    assert [h["result"] for h in summary["hosts"]] == ["interrupted", "not-started", "not-started"]
