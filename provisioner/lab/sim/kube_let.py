@@ -38,7 +38,7 @@ CONFIG_DEFAULT = "/var/lib/kubelet/config.yaml"
 PKI_DIR = "/var/lib/kubelet/pki"
 API_UNIT = "gpuprov-lab-kube-apiserver.service"
 STATUS_PERIOD = 10.0
-SYNC_PERIOD = 1.0
+SYNC_PERIOD = 2.0
 DRAIN_BLOCK_NS = "gpuprov-lab"
 VALIDATIONS = "/run/nvidia/validations"
 NVIDIA_NODE_LABELS = ("app=nvidia-driver-daemonset", "app=nvidia-container-toolkit-daemonset")

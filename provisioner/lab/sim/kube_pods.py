@@ -559,7 +559,9 @@ class PodRunner:
     def _validated(self, c: Obj, component: str, ok: bool, msg: str) -> Result:
         path = f"{_validations_dir(self, c)}/{component}-ready"
         if ok:
-            self.host.write(path, f"{component.upper()}_VALIDATED=true\n")
+            content = f"{component.upper()}_VALIDATED=true\n"
+            if self.host.read(path) != content:
+                self.host.write(path, content)
             return OK, ""
         self.host.remove(path)
         return FAIL, msg
@@ -649,13 +651,17 @@ class PodRunner:
         )
 
     def gfd(self, c: Obj) -> Result:
-        res = self.host.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,memory.total,driver_version,mig.mode.current",
-                "--format=csv,noheader,nounits",
-            ],
-            timeout=30,
+        res = self.k.cached(
+            "gfd-query",
+            30,
+            lambda: self.host.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,memory.total,driver_version,mig.mode.current",
+                    "--format=csv,noheader,nounits",
+                ],
+                timeout=30,
+            ),
         )
         if res.returncode != 0:
             return FAIL, "Failed to initialize NVML: " + (res.stdout + res.stderr).strip()
