@@ -91,7 +91,7 @@ def main() -> None:
         inventory = inv_dir / "hosts.yml"
         shutil.copyfile(lab_inv, inventory)
         (inv_dir / "group_vars" / "gpu_nodes.yml").write_text(
-            f'nvidia_driver_branch: "570"\nnvidia_driver_version: "{OLD}"\n'
+            f'nvidia_driver_branch: "570"\nnvidia_driver_version: "{OLD}"\ncuda_toolkit_versions: ["12.8"]\n'
         )
         print(
             f"lab {lab}: cp1 + {n} GPU hosts ({', '.join(profiles)}); bootstrapping at {OLD} (not measured)"

@@ -101,6 +101,8 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     (inv_dir / "group_vars" / "gpu_nodes.yml").write_text(
         f"# The fleet before the upgrade: driver {OLD}.\n"
         f'nvidia_driver_branch: "570"\nnvidia_driver_version: "{OLD}"\n'
+        "# CUDA 13.0 (the default) needs a 580 driver; 12.8 runs on both.\n"
+        'cuda_toolkit_versions: ["12.8"]\n'
     )
     env = Fleet570(lab, inventory, base / "home", [h for h, spec in lab.hosts.items() if spec.gpu_count])
     assert len(env.gpu_hosts) >= 2, lab.hosts
