@@ -3,6 +3,7 @@ key checking on, the mirror knobs, and per host the lab profile (for tests only)
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def document(st: LabState) -> dict[str, Any]:
                 "gpuprov_mirror_key_url": f"{st.mirror_url}/{KEY_NAME}.asc",
                 "gpuprov_mirror_key_fingerprint": key.fingerprint,
                 "gpuprov_lab_name": st.name,
+                **_flannel_checksum(st),
             },
             "children": {
                 "kube_control_plane": {"hosts": {n: host_vars(n) for n in cps}},
@@ -44,6 +46,16 @@ def document(st: LabState) -> dict[str, Any]:
             },
         }
     }
+
+
+def _flannel_checksum(st: LabState) -> dict[str, str]:
+    """The lab mirror serves its own kube-flannel.yml, not upstream's bytes: pin the served file's checksum
+    (as a site whose mirror holds a patched manifest would) so the kubernetes role's check passes."""
+    served = sorted(Path(st.mirror_dir).glob("flannel/v*/kube-flannel.yml")) if st.mirror_dir else []
+    if len(served) != 1:
+        return {}
+    digest = hashlib.sha256(served[0].read_bytes()).hexdigest()
+    return {"kubernetes_flannel_manifest_checksum": f"sha256:{digest}"}
 
 
 def write(st: LabState) -> Path:
