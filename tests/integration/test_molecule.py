@@ -31,7 +31,7 @@ def test_scenarios_found() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario(scenario: str) -> None:
     require_lab()
-    lab = unique_lab_name(f"mol-{scenario.replace('_', '-')[:10]}-")
+    lab = unique_lab_name(f"m-{scenario.replace('_', '-')[:8]}-")  # lab names are at most 24 characters
     bin_dir = str(Path(sys.executable).parent)
     env = {
         **os.environ,
