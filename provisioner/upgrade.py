@@ -59,11 +59,12 @@ from provisioner.upgrade_state import (
     resumable,
 )
 
-# GPU Operator operands leave a node when their `nvidia.com/gpu.deploy.<operand>` label stops being
-# "true"; the operator's own driver manager uses this value while it upgrades a node.
+# The GPU Operator deploys its operands (device plugin, DCGM exporter, validator, ...) on a node per
+# `nvidia.com/gpu.deploy.<operand>` labels. `nvidia.com/gpu.deploy.operands=false` is its documented switch
+# to take them all off a node; when it goes, the operator adds missing state labels as "true" and keeps
+# the values it finds, so the labels recorded before are put back as they were.
 OPERAND_LABEL_PREFIX = "nvidia.com/gpu.deploy."
-OPERAND_LABEL_SKIP = ("nvidia.com/gpu.deploy.driver",)  # the containerized driver: not ours to pause
-PAUSED = "paused-for-driver-upgrade"
+OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 ANNOTATION = "gpuprov.io/driver-upgrade"  # on a node left cordoned: why
 DEFAULT_DRAIN_TIMEOUT = 300.0
 DEFAULT_OPERAND_TIMEOUT = 300.0
@@ -109,7 +110,7 @@ class Kube(Protocol):
 
     def evict_gpu_pods(self, name: str, timeout: float) -> None: ...  # only pods that use GPUs
 
-    def set_labels(self, name: str, labels: Mapping[str, str]) -> None: ...
+    def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None: ...  # None removes
 
     def wait_operands_gone(self, name: str, timeout: float) -> None: ...
 
@@ -487,17 +488,15 @@ class Rollout:
             return False
         self._check()
         self._step(host, STOPPING)
-        pause = {
-            k: v
-            for k, v in info.labels.items()
-            if k.startswith(OPERAND_LABEL_PREFIX) and k not in OPERAND_LABEL_SKIP and v == "true"
-        }
-        if pause:
-            # Recorded before the change, so that resume knows what to put back.
-            self.state.update(host, paused_labels={**pause, **s.paused_labels})
+        deploy = {k: v for k, v in info.labels.items() if k.startswith(OPERAND_LABEL_PREFIX)}
+        if deploy and deploy.get(OPERANDS_LABEL) != "false" and not s.paused_labels:
+            # Recorded before the change (None: the operands label was absent), so that the node gets its
+            # labels back as they were, also from a resumed run.
+            self.state.update(host, paused_labels={OPERANDS_LABEL: None, **deploy})
+        if s.paused_labels:
             try:
-                kube.set_labels(info.name, {k: PAUSED for k in pause})
-                self.progress(host, f"GPU Operator operands paused ({len(pause)} label(s)); waiting for them")
+                kube.set_labels(info.name, {OPERANDS_LABEL: "false"})
+                self.progress(host, "GPU Operator operands taken off the node; waiting for their pods to go")
                 kube.wait_operands_gone(info.name, self.opt.operand_timeout)
             except StepFailed as exc:
                 if self.interrupted.is_set():
@@ -525,8 +524,12 @@ class Rollout:
         s = self.state.hosts[host]
         problems: list[str] = []
         if s.paused_labels:
+            before = dict(s.paused_labels)
             try:
-                kube.set_labels(node, dict(s.paused_labels))
+                # The operands switch first, then the state labels as recorded: the operator may add
+                # defaults in between, and a value set afterwards is one it keeps.
+                kube.set_labels(node, {OPERANDS_LABEL: before.pop(OPERANDS_LABEL, None)})
+                kube.set_labels(node, before)
                 self.state.update(host, paused_labels={})
             except StepFailed as exc:
                 problems.append(f"operand labels not restored: {exc.reason}")

@@ -47,8 +47,8 @@ PROBES = (
     "modules.txt",
     "kernel-log.txt",
 )
-# GPU Operator operand pods (label app=...) that keep the GPU open; they leave once their
-# nvidia.com/gpu.deploy.* label is paused.
+# GPU Operator operand pods (label app=...) that keep the GPU open; they leave once the node's operands
+# are switched off (nvidia.com/gpu.deploy.operands=false).
 OPERAND_APPS = (
     "nvidia-operator-validator",
     "nvidia-container-toolkit-daemonset",
@@ -264,10 +264,13 @@ class KubectlOverSsh:
             why = _first_line(res.stderr) or f"exit {res.rc}"
             raise StepFailed(f"GPU pods not evicted ({which}; timeout {int(timeout)}s): {why}")
 
-    def set_labels(self, name: str, labels: Mapping[str, str]) -> None:
+    def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         if labels:
-            args = ["label", "node", name, "--overwrite", *[f"{k}={v}" for k, v in sorted(labels.items())]]
-            self._ok(f"label node {name}", self.kubectl(*args))
+            changes = [f"{k}-" if v is None else f"{k}={v}" for k, v in sorted(labels.items())]
+            res = self.kubectl("label", "node", name, "--overwrite", *changes)
+            # Removing a label that is not there is not an error worth failing a host for.
+            if res.rc != 0 and not (all(v is None for v in labels.values()) and "not found" in res.stderr):
+                self._ok(f"label node {name}", res)
 
     def wait_operands_gone(self, name: str, timeout: float) -> None:
         selector = f"app in ({','.join(OPERAND_APPS)})"

@@ -82,7 +82,8 @@ class HostState:
     node: str | None = None  # Kubernetes node name, when the host is a node
     was_cordoned: bool | None = None  # unschedulable before this upgrade first touched it
     cordoned_by_us: bool = False  # we cordoned it and have not uncordoned it yet
-    paused_labels: dict[str, str] = field(default_factory=dict)  # operand label -> value before the pause
+    # GPU Operator deploy labels before the operands were taken off the node (None: label absent)
+    paused_labels: dict[str, str | None] = field(default_factory=dict)
     attempts: int = 0
     started_at: float | None = None
     finished_at: float | None = None

@@ -75,9 +75,22 @@ class FakeKube:
         if "drain-block" in self._host(name).faults:
             raise StepFailed(f"GPU pods not evicted within {timeout:g}s")
 
-    def set_labels(self, name: str, labels: Mapping[str, str]) -> None:
+    def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         self.fleet.log("label", name, dict(labels))
-        self._host(name).labels.update(labels)
+        host = self._host(name)
+        for k, v in labels.items():
+            if v is None:
+                host.labels.pop(k, None)
+            else:
+                host.labels[k] = v
+        if host.labels.get("nvidia.com/gpu.deploy.operands") == "false":
+            # as the GPU Operator does: with operands off, the node loses its state labels
+            for k in [
+                k
+                for k in host.labels
+                if k.startswith("nvidia.com/gpu.deploy.") and not k.endswith(".operands")
+            ]:
+                del host.labels[k]
 
     def wait_operands_gone(self, name: str, timeout: float) -> None:
         self.fleet.log("wait-operands", name)

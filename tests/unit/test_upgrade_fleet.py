@@ -369,3 +369,12 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert out["gpu4"].result == "failed" and "did not run on gpu4" in out["gpu4"].reason
     assert ("gpu1", "reloading") in steps and ("gpu2", "installing") in steps
     assert all(s in ("stopping", "installing", "reloading") for _, s in steps)
+
+
+def test_label_removal() -> None:
+    k, fake = kube({"label node gpu1": [err('label "nvidia.com/gpu.deploy.operands" not found.')]})
+    k.set_labels("gpu1", {"nvidia.com/gpu.deploy.operands": None})  # already gone: fine
+    assert fake.commands[0].endswith("label node gpu1 --overwrite nvidia.com/gpu.deploy.operands-")
+    k, _ = kube({"label node gpu1": [err("Error from server (Forbidden): nodes is forbidden")]})
+    with pytest.raises(StepFailed, match="kubectl label node gpu1: Error from server"):
+        k.set_labels("gpu1", {"nvidia.com/gpu.deploy.operands": "false"})

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from test_upgrade_fakes import FakeFleet, FakeHost, fleet_of
 
-from provisioner.upgrade import PAUSED, Options, Rollout
+from provisioner.upgrade import OPERANDS_LABEL as OPERANDS
+from provisioner.upgrade import Options, Rollout
 from provisioner.upgrade_plan import HostProbe, build_plan, parse_batch, parse_target
 from provisioner.upgrade_state import UpgradeState
 
@@ -51,7 +52,8 @@ def test_all_hosts_upgrade_in_batches_in_inventory_order(tmp_path: Path) -> None
         assert h.version == "580.159.04"
         assert not h.unschedulable, h.name
         assert h.labels[DEVICE_PLUGIN] == "true"  # operands back
-        assert h.labels["nvidia.com/gpu.deploy.driver"] == "pre-installed"  # never ours to touch
+        assert h.labels["nvidia.com/gpu.deploy.driver"] == "pre-installed"
+        assert OPERANDS not in h.labels
     s = state.hosts["gpu1"]
     assert (s.from_version, s.to_version) == ("570.195.03", "580.159.04")
     steps = [x[0] for x in s.history]
@@ -65,15 +67,28 @@ def test_all_hosts_upgrade_in_batches_in_inventory_order(tmp_path: Path) -> None
     assert ops[-2:] == ["uncordon", "annotate"]
 
 
-def test_operands_are_paused_before_the_install_and_restored_after(tmp_path: Path) -> None:
+def test_operands_leave_before_the_install_and_labels_come_back_as_they_were(tmp_path: Path) -> None:
     fleet = fleet_of(1)
+    host = fleet.hosts["gpu1"]
+    host.labels["nvidia.com/gpu.deploy.dcgm-exporter"] = "false"  # an operator's choice for this node
+    before = dict(host.labels)
     seen: dict[str, str] = {}
     fleet.on_install = lambda name: seen.update(fleet.hosts[name].labels)
     rollout, _ = start(fleet, tmp_path)
     rollout.run()
-    assert seen[DEVICE_PLUGIN] == PAUSED
-    assert seen["nvidia.com/gpu.deploy.dcgm-exporter"] == PAUSED
-    assert fleet.hosts["gpu1"].labels[DEVICE_PLUGIN] == "true"
+    assert seen == {OPERANDS: "false"}  # operands off while the driver changes
+    assert host.labels == before  # the switch removed again, every state label as it was
+
+
+def test_operands_already_off_or_no_operator_means_no_label_change(tmp_path: Path) -> None:
+    fleet = fleet_of(2)
+    fleet.hosts["gpu1"].labels = {OPERANDS: "false"}
+    fleet.hosts["gpu2"].labels = {"kubernetes.io/hostname": "gpu2"}
+    rollout, state = start(fleet, tmp_path, batch="2")
+    rollout.run()
+    assert set(results(state).values()) == {"upgraded"}
+    assert [c for c in fleet.calls if c[0] == "label"] == []
+    assert fleet.hosts["gpu1"].labels == {OPERANDS: "false"}
 
 
 def test_percent_batches_and_canary_first(tmp_path: Path) -> None:
@@ -296,7 +311,7 @@ def test_interrupt_during_install_records_state_and_resume_finishes(tmp_path: Pa
     assert again.run().status == "finished"
     # Finished hosts are not redone; gpu4 already runs the new driver: verified and uncordoned only.
     assert fleet.upgrade_calls == [["gpu3"]]
-    assert fleet.touched("gpu4") == ["label", "uncordon", "annotate"]
+    assert fleet.touched("gpu4") == ["label", "label", "uncordon", "annotate"]
     assert set(results(loaded).values()) == {"upgraded"}
     assert not fleet.hosts["gpu3"].unschedulable
     assert loaded.hosts["gpu3"].attempts == 2
