@@ -107,8 +107,10 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     env = Fleet570(lab, inventory, base / "home", [h for h, spec in lab.hosts.items() if spec.gpu_count])
     assert len(env.gpu_hosts) >= 2, lab.hosts
     try:
-        res = gpuprov("bootstrap", "-i", str(inventory), "--yes", "--format", "json", timeout=3600,
-                      env={"GPUPROV_HOME": str(env.home)})  # fmt: skip
+        # Verification is bootstrap's own business (tests/integration/test_bootstrap_lab.py); here the
+        # loaded driver is checked below, on every GPU host.
+        res = gpuprov("bootstrap", "-i", str(inventory), "--yes", "--skip", "verify", "--format", "json",
+                      timeout=3600, env={"GPUPROV_HOME": str(env.home)})  # fmt: skip
         assert res.returncode == 0, f"bootstrap at {OLD} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         for host in env.gpu_hosts:
             assert env.loaded(host) == OLD, host
