@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4, help="GPU hosts (the lab adds cp1)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--profiles", default="h200", help="profile of every GPU host, or a comma list")
-    ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    ap.add_argument("--keep", action="store_true", help="leave the lab (and the run records) in place")
     args = ap.parse_args()
     n, b = args.hosts, args.batch
     profiles = args.profiles.split(",")
@@ -140,9 +140,9 @@ def main() -> None:
             down = gpuprov("lab", "down", "--lab", lab)
             if down.returncode != 0:
                 sys.stderr.write(f"gpuprov lab down --lab {lab} failed:\n{down.stderr}\n")
+            shutil.rmtree(work, ignore_errors=True)
         else:
-            print(f"lab {lab} kept (gpuprov lab down --lab {lab})")
-        shutil.rmtree(work, ignore_errors=True)
+            print(f"lab {lab} kept (gpuprov lab down --lab {lab}); inventory and run records in {work}")
 
 
 if __name__ == "__main__":
