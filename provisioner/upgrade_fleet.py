@@ -148,7 +148,7 @@ class KubectlOverSsh:
         spec: Any,
         live: _Live,
         connect_timeout: float = 10.0,
-        poll_s: float = 2.0,
+        poll_s: float = 1.0,
         executor: SshExecutor | None = None,
     ) -> None:
         self.spec = spec
