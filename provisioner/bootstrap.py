@@ -20,6 +20,7 @@ from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputErro
 from provisioner.stages import STAGE_NAMES, STAGES, VERIFY, select_stages
 
 SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
+FACTS_PLAY = "Facts"  # site.yml's first play, tagged always: it runs whatever the stages
 
 
 # ------------------------------------------------------------------------------------------ progress
@@ -28,11 +29,14 @@ SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
 class Progress:
     """Prints one line per host as each stage finishes there, and failures as they happen.
 
-    Lines go to stderr so that `--format json` keeps stdout machine-readable.
+    Lines go to stderr so that `--format json` keeps stdout machine-readable. Plays of stages left out
+    by --only/--skip still start (Ansible validates every role's arguments, a task tagged `always`), but
+    they are not shown as stages that ran; only their failures are.
     """
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: Any = None, shown: set[str] | None = None) -> None:
         self.stream = stream or sys.stderr
+        self.shown = shown  # the plays to report; None: all
         self.stage: str | None = None
         self.seen: dict[str, dict[str, int]] = {}  # host -> {"changed": n, "tasks": n}
         self.failed: set[tuple[str, str | None]] = set()
@@ -44,7 +48,8 @@ class Progress:
         self.stream.flush()
 
     def _close_stage(self) -> None:
-        if self.stage is None:
+        if self.stage is None or not self._shown(self.stage):
+            self.seen = {}
             return
         for host, counts in sorted(self.seen.items()):
             if (host, self.stage) in self.failed:
@@ -57,7 +62,7 @@ class Progress:
         if event.kind == "play_start":
             self._close_stage()
             self.stage = event.stage
-            if self.stage:
+            if self.stage and self._shown(self.stage):
                 self._print(f"── {self.stage}")
             return
         if event.host is None:
@@ -74,6 +79,9 @@ class Progress:
                 self._print(
                     f"{event.host:<20} {event.stage or '-':<26} {label}: {event.task}: {event.message}"
                 )
+
+    def _shown(self, stage: str) -> bool:
+        return self.shown is None or stage in self.shown
 
     def finish(self) -> None:
         self._close_stage()
@@ -168,14 +176,8 @@ def expectations_for(host: Any, stages: list[str]) -> dict[str, Any]:
 def _check_ids(stages: list[str], host: Any) -> list[str]:
     ids: list[str] = []
     for stage in STAGES:
-        if stage.name not in stages:
-            continue
-        if stage.name == "gpu_operator":
-            # The operator advertises GPUs on the workers: check those, wherever the chart was installed.
-            if "gpu_nodes" in host.groups:
-                ids.extend(stage.checks)
-            continue
-        ids.extend(stage.checks)
+        if stage.name in stages:
+            ids.extend(stage.check_ids_for(host.groups))
     return list(dict.fromkeys(ids))
 
 
@@ -280,8 +282,9 @@ def run_bootstrap(
     if plays:
         from provisioner.runner import run_playbook
 
-        progress = Progress()
         all_plays = len(plays) == len(STAGE_NAMES)
+        shown = {FACTS_PLAY, *plays}
+        progress = Progress(shown=None if all_plays else shown)
         result = run_playbook(
             SITE_PLAYBOOK,
             inventory,
@@ -297,7 +300,11 @@ def run_bootstrap(
         for name, outcome in outcomes.items():
             stats = result.stats.get(name)
             outcome.stats = stats.as_dict() if stats else {}
-            outcome.stages = result.stages.get(name, {})
+            outcome.stages = {
+                stage: state
+                for stage, state in result.stages.get(name, {}).items()
+                if stage in shown or state in ("failed", "unreachable")
+            }
             failures = [f for f in result.failures if f.host == name]
             if failures:
                 first = failures[0]

@@ -11,35 +11,61 @@ from provisioner.errors import InputError
 class Stage:
     name: str
     summary: str
-    hosts: str  # the inventory group the stage's play targets (docs/contracts.md)
-    checks: tuple[str, ...] = ()  # verification check ids that prove the stage's work
+    hosts: str  # the host pattern of the stage's play in playbooks/site.yml (docs/contracts.md)
+    # Verification check ids that prove the stage's work: `checks` on the hosts the stage targets,
+    # `gpu_checks` on the GPU nodes it targets or, for a cluster-wide stage, the cluster's GPU nodes (a
+    # control plane has no GPU to find, yet the operator it installs must make the workers' GPUs
+    # allocatable).
+    checks: tuple[str, ...] = ()
+    gpu_checks: tuple[str, ...] = ()
+
+    def targets(self, groups: list[str] | set[str]) -> bool:
+        """Whether a host in `groups` is one the stage's play runs on."""
+        return any(g in groups for g in self.hosts.split(":"))
+
+    def check_ids_for(self, groups: list[str] | set[str]) -> tuple[str, ...]:
+        ids = self.checks if self.targets(groups) else ()
+        gpu_node = "gpu_nodes" in groups and (self.targets(groups) or "k8s_cluster" in groups)
+        return ids + (self.gpu_checks if gpu_node else ())
 
 
 STAGES: tuple[Stage, ...] = (
     Stage(
         "preflight",
         "check OS, GPU, Secure Boot, nouveau, headers, disk, apt lock, compatibility",
-        "all",
-        ("os.supported", "gpu.present"),
+        "kube_control_plane:gpu_nodes",
+        ("os.supported",),
+        ("gpu.present",),
     ),
     Stage(
         "nvidia_driver",
         "NVIDIA driver from the CUDA repo: branch, open/proprietary, fabric manager",
         "gpu_nodes",
-        ("driver.loaded", "driver.version", "driver.userspace_match", "gpu.count", "gpu.persistence"),
+        gpu_checks=(
+            "driver.loaded",
+            "driver.version",
+            "driver.userspace_match",
+            "gpu.count",
+            "gpu.persistence",
+        ),
     ),
     Stage(
         "cuda_toolkit",
         "pinned CUDA toolkit(s), /usr/local/cuda alternative, PATH",
         "gpu_nodes",
-        ("cuda.version",),
+        gpu_checks=("cuda.version",),
     ),
-    Stage("docker", "Docker engine, daemon.json merged", "k8s_cluster:gpu_nodes", ("services.active",)),
+    Stage(
+        "docker",
+        "Docker engine, daemon.json merged",
+        "kube_control_plane:gpu_nodes",
+        ("services.active",),
+    ),
     Stage(
         "nvidia_container_toolkit",
         "container toolkit; nvidia runtime for docker and containerd",
         "gpu_nodes",
-        ("container_toolkit.runtime",),
+        gpu_checks=("container_toolkit.runtime",),
     ),
     Stage(
         "kubernetes",
@@ -51,7 +77,7 @@ STAGES: tuple[Stage, ...] = (
         "gpu_operator",
         "NVIDIA GPU Operator from its pinned chart, validated",
         "kube_control_plane",
-        ("k8s.gpu_allocatable",),
+        gpu_checks=("k8s.gpu_allocatable",),
     ),
 )
 # Not an Ansible play: `bootstrap` ends by verifying the hosts it worked on; `--skip verify` leaves it out.

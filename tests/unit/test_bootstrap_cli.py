@@ -126,3 +126,86 @@ def test_help_lists_every_verb_fast(tmp_path: Path) -> None:
         text=True,
     )
     assert probe.stdout.strip() == "False"
+
+
+class _Host:
+    def __init__(self, name: str, groups: list[str], hostvars: dict | None = None) -> None:
+        self.name, self.groups, self.vars = name, groups, hostvars or {}
+
+
+ALL_STAGES = [
+    "preflight",
+    "nvidia_driver",
+    "cuda_toolkit",
+    "docker",
+    "nvidia_container_toolkit",
+    "kubernetes",
+    "gpu_operator",
+]
+
+
+def test_control_plane_is_not_verified_for_gpus() -> None:
+    from provisioner.bootstrap import _check_ids
+
+    cp = _Host("cp1", ["all", "k8s_cluster", "kube_control_plane"])
+    ids = _check_ids(ALL_STAGES, cp)
+    assert ids == ["os.supported", "services.active", "k8s.node_ready"]
+
+
+def test_gpu_worker_is_verified_for_every_stage_that_reached_it() -> None:
+    from provisioner.bootstrap import _check_ids
+
+    gpu = _Host("gpu1", ["all", "k8s_cluster", "gpu_nodes"])
+    ids = _check_ids(ALL_STAGES, gpu)
+    for wanted in (
+        "gpu.present",
+        "driver.loaded",
+        "cuda.version",
+        "container_toolkit.runtime",
+        "k8s.node_ready",
+        "k8s.gpu_allocatable",
+    ):
+        assert wanted in ids
+    # A GPU host outside the cluster gets no Kubernetes checks.
+    standalone = _Host("gpu9", ["all", "gpu_nodes"])
+    ids = _check_ids(ALL_STAGES, standalone)
+    assert "k8s.node_ready" not in ids and "k8s.gpu_allocatable" not in ids and "driver.loaded" in ids
+    assert _check_ids(["docker"], standalone) == ["services.active"]
+
+
+def test_stage_catalog_matches_the_site_playbook() -> None:
+    """Each stage is one play of site.yml, in order, with the host pattern the catalog says."""
+    import yaml
+
+    from provisioner.config import PLAYBOOKS_DIR
+    from provisioner.stages import STAGES
+
+    plays = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())
+    staged = [(p["name"], p["hosts"]) for p in plays if p["name"] != "Facts"]
+    assert staged == [(s.name, s.hosts) for s in STAGES]
+
+
+def test_progress_shows_only_the_chosen_stages_and_any_failure() -> None:
+    import io
+
+    from provisioner.bootstrap import Progress
+    from provisioner.runner import Event
+
+    out = io.StringIO()
+    progress = Progress(out, shown={"Facts", "preflight"})
+    for event in (
+        Event("play_start", None, "preflight", None),
+        Event("runner_on_ok", "gpu1", "preflight", "check the OS", True, ""),
+        # Left out by --only, yet Ansible validates the role's arguments (a task tagged always).
+        Event("play_start", None, "docker", None),
+        Event("runner_on_ok", "gpu1", "docker", "Validating arguments against arg spec 'main'", False, ""),
+        Event("runner_on_failed", "gpu2", "docker", "Validating arguments", False, "bad value"),
+    ):
+        progress(event)
+    progress.finish()
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines[0] == "── preflight"
+    assert lines[1].split() == ["gpu1", "preflight", "changed", "1"]
+    assert "── docker" not in lines
+    assert not any(line.split()[:2] == ["gpu1", "docker"] for line in lines)
+    assert any("gpu2" in line and "FAILED" in line and "bad value" in line for line in lines)
