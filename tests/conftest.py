@@ -4,6 +4,13 @@ The lab is brought up once per session under a unique name (3 hosts: cp1, gpu1, 
 and taken down by a finalizer, also when tests fail. Tests that use it are lab tests (marked ``lab``).
 When the engine cannot run here the lab tests are skipped, unless ``GPUPROV_REQUIRE_LAB=1`` (set by
 scripts/test.sh and CI): then they fail loudly, so a broken lab never passes as "skipped".
+
+The session lab changes as the suite goes on, so every module that uses it says, in ``LAB_PHASE``, which
+state of the lab it needs; lab tests run in the order of ``LAB_PHASES`` (stable within a phase):
+
+- ``fresh``: bare hosts, as ``lab up`` made them (tests of the lab itself);
+- ``bootstrapped``: the whole fleet bootstrapped with the default settings, read or faulted and cleared;
+- ``reprovisions``: tests that bootstrap the fleet with other settings (another driver branch).
 """
 
 from __future__ import annotations
@@ -39,8 +46,26 @@ def lab() -> Iterator[Lab]:
             sys.stderr.write(f"gpuprov lab down --lab {name} failed:\n{down.stderr}\n")
 
 
+LAB_PHASES = ("fresh", "bootstrapped", "reprovisions")
+
+
+def _lab_phase(item: pytest.Item) -> int:
+    """0 for a test that does not use the session lab, else 1 + the index of its module's LAB_PHASE."""
+    uses_lab = any(name in getattr(item, "fixturenames", ()) for name in ("lab", "bootstrapped"))
+    module = getattr(item, "module", None)
+    phase = getattr(module, "LAB_PHASE", None)
+    if phase is None:
+        if uses_lab:
+            raise pytest.UsageError(f"{item.nodeid}: uses the session lab; set LAB_PHASE in its module")
+        return 0
+    if phase not in LAB_PHASES:
+        raise pytest.UsageError(f"{item.nodeid}: LAB_PHASE {phase!r} is not one of {', '.join(LAB_PHASES)}")
+    return 1 + LAB_PHASES.index(phase)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the lab is a lab test, marked or not."""
+    """Every test that uses the lab is a lab test, marked or not; lab tests run phase by phase."""
     for item in items:
         if "lab" in getattr(item, "fixturenames", ()) and item.get_closest_marker("lab") is None:
             item.add_marker(pytest.mark.lab)
+    items.sort(key=_lab_phase)

@@ -9,6 +9,7 @@ import pytest
 from provisioner.stages import STAGE_NAMES
 
 pytestmark = pytest.mark.lab
+LAB_PHASE = "bootstrapped"  # see tests/conftest.py
 
 
 def test_first_run_provisions_every_stage_on_every_host(bootstrapped) -> None:

@@ -23,6 +23,8 @@ from provisioner.lab.engine import docker_cli
 from provisioner.lab.state import LabState
 from provisioner.lab.testkit import Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
+LAB_PHASE = "fresh"  # see tests/conftest.py
+
 # ----------------------------------------------------------------------------- pieces (no engine needed)
 
 

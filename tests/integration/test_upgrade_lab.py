@@ -27,6 +27,7 @@ from provisioner.config import PLAYBOOKS_DIR, ROLES_DIR
 from provisioner.lab.testkit import Lab, gpuprov
 
 pytestmark = pytest.mark.lab
+LAB_PHASE = "reprovisions"  # see tests/conftest.py
 
 OLD = "570.195.03"
 NEW = "580.159.04"  # the nvidia_driver role's default: what `--to 580` resolves to

@@ -1,14 +1,13 @@
 """`gpuprov verify` against a bootstrapped lab: all clear, then each injected fault is reported by its
 check, on that host (and GPU) only, and an unreachable host is an error without hiding the others.
 
-Uses the session lab of tests/conftest.py (cp1, gpu1 = h200, gpu2 = h100-sxm-8).
+Uses the session lab of tests/conftest.py (cp1, gpu1 = h200, gpu2 = h100-sxm-8), bootstrapped once for
+the session by tests/integration/conftest.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,25 +15,13 @@ import pytest
 from provisioner.lab.testkit import Lab, gpuprov
 
 pytestmark = pytest.mark.lab
-
-NEEDS = ("provisioner.bootstrap", "provisioner.inventory")
-
-
-def _missing() -> list[str]:
-    return [m for m in NEEDS if importlib.util.find_spec(m) is None]
+LAB_PHASE = "bootstrapped"  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def bootstrapped(request: pytest.FixtureRequest) -> Iterator[Lab]:
-    missing = _missing()
-    if missing:  # checked before asking for the lab, so that no lab is brought up for nothing
-        pytest.skip(f"verify of a bootstrapped lab needs {', '.join(missing)}, not in this checkout yet")
-    lab: Lab = request.getfixturevalue("lab")
-    res = gpuprov("bootstrap", "-i", str(lab.inventory), "--yes", timeout=3600)
-    assert res.returncode == 0, f"bootstrap failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    yield lab
-    for host in lab.hosts:
-        lab.cli("lab", "fault", host, "clear")
+def ready(bootstrapped) -> Lab:
+    """The session lab after the shared bootstrap (tests/integration/conftest.py)."""
+    return bootstrapped.lab
 
 
 def verify(lab: Lab, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
@@ -48,8 +35,8 @@ def findings(host: dict[str, Any], check_id: str) -> list[tuple[str, int | None]
     return [(c["status"], c.get("gpu")) for c in host["checks"] if c["id"] == check_id]
 
 
-def test_bootstrapped_lab_verifies_clean(bootstrapped: Lab) -> None:
-    rc, hosts = verify(bootstrapped)
+def test_bootstrapped_lab_verifies_clean(ready: Lab) -> None:
+    rc, hosts = verify(ready)
     bad = {
         name: [
             (c["id"], c["status"], c["detail"]) for c in h["checks"] if c["status"] not in ("pass", "skip")
@@ -57,8 +44,8 @@ def test_bootstrapped_lab_verifies_clean(bootstrapped: Lab) -> None:
         for name, h in hosts.items()
     }
     assert rc == 0, bad
-    assert set(hosts) == set(bootstrapped.hosts)
-    for name, spec in bootstrapped.hosts.items():
+    assert set(hosts) == set(ready.hosts)
+    for name, spec in ready.hosts.items():
         if spec.gpu_count:
             assert findings(hosts[name], "gpu.count") == [("pass", None)], name
             assert findings(hosts[name], "driver.loaded") == [("pass", None)], name
@@ -84,15 +71,15 @@ FAULTS = [
     ids=[f"{k}{'-' + o[-1] if k == 'xid' else ''}" for k, o, _, _ in FAULTS],
 )
 def test_fault_reported_by_its_check_on_that_host_only(
-    bootstrapped: Lab, kind: str, options: tuple[str, ...], check_id: str, status: str
+    ready: Lab, kind: str, options: tuple[str, ...], check_id: str, status: str
 ) -> None:
-    target = next(n for n, h in bootstrapped.hosts.items() if h.gpu_count >= 4)
-    inject = bootstrapped.cli("lab", "fault", target, kind, *options)
+    target = next(n for n, h in ready.hosts.items() if h.gpu_count >= 4)
+    inject = ready.cli("lab", "fault", target, kind, *options)
     assert inject.returncode == 0, inject.stderr
     try:
-        rc, hosts = verify(bootstrapped)
+        rc, hosts = verify(ready)
     finally:
-        bootstrapped.cli("lab", "fault", target, "clear")
+        ready.cli("lab", "fault", target, "clear")
     assert rc == 1
     assert (status, 3) in findings(hosts[target], check_id), hosts[target]["checks"]
     for name, host in hosts.items():
@@ -102,13 +89,13 @@ def test_fault_reported_by_its_check_on_that_host_only(
     assert {g for s, g in findings(hosts[target], check_id) if s == status} == {3}
 
 
-def test_unreachable_host_is_an_error_and_the_others_are_unaffected(bootstrapped: Lab) -> None:
-    target = next(n for n, h in bootstrapped.hosts.items() if h.gpu_count)
-    assert bootstrapped.cli("lab", "fault", target, "unreachable").returncode == 0
+def test_unreachable_host_is_an_error_and_the_others_are_unaffected(ready: Lab) -> None:
+    target = next(n for n, h in ready.hosts.items() if h.gpu_count)
+    assert ready.cli("lab", "fault", target, "unreachable").returncode == 0
     try:
-        rc, hosts = verify(bootstrapped, "--timeout", "30")
+        rc, hosts = verify(ready, "--timeout", "30")
     finally:
-        bootstrapped.cli("lab", "fault", target, "clear")
+        ready.cli("lab", "fault", target, "clear")
     assert rc == 1
     assert hosts[target]["error"]
     assert {c["status"] for c in hosts[target]["checks"]} == {"error"}
