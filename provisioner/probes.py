@@ -117,7 +117,7 @@ _SECUREBOOT = r"""
     if [ ! -d /sys/firmware/efi ]; then
       echo "SecureBoot not applicable (legacy BIOS boot: no /sys/firmware/efi)"; return 0
     fi
-    f=/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e98c0a5b8c0c
+    f=/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c
     if [ ! -r "$f" ]; then echo "SecureBoot unknown (no SecureBoot EFI variable)"; return 0; fi
     v=$(od -An -t u1 -j 4 -N 1 "$f" | tr -d ' ')
     if [ "$v" = 1 ]; then echo "SecureBoot enabled"; else echo "SecureBoot disabled"; fi
