@@ -8,6 +8,8 @@ faults.json: ``{"faults": [{"kind": "xid", "gpu": 0, "xid": 79}, {"kind": "insta
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,11 @@ KINDS = GPU_KINDS + HOST_KINDS
 CLEAR = "clear"
 DEFAULT_XID = 79
 MAX_XID = 999
+# drain-block is carried out by the host's simulated kubelet on its next sync (a pod that a
+# PodDisruptionBudget protects, in this namespace; see sim/kube_let.py). ``lab fault`` waits for it.
+DRAIN_BLOCK_NS = "gpuprov-lab"
+DRAIN_BLOCK_TIMEOUT = 90.0
+ADMIN_CONF = "/etc/kubernetes/admin.conf"
 
 Fault = dict[str, Any]
 
@@ -94,11 +101,71 @@ def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | No
             if any(f.get("kind") == "unreachable" for f in current):
                 network.reattach(st, st.host(host))
             write_faults(lp, host, [])
-            return []
-        if fault in current:
+            now: list[Fault] = []
+        elif fault in current:
             return current
-        if fault["kind"] == "unreachable":
-            network.detach(st, st.host(host))
-        current.append(fault)
-        write_faults(lp, host, current)
-        return current
+        else:
+            if fault["kind"] == "unreachable":
+                network.detach(st, st.host(host))
+            current.append(fault)
+            write_faults(lp, host, current)
+            now = current
+    if any(f.get("kind") == "drain-block" for f in current):  # added now, or there before a clear
+        wait_drain_block(st, host, blocked=any(f.get("kind") == "drain-block" for f in now))
+    return now
+
+
+def _blocking_pods(st: state.LabState, host: str) -> list[dict[str, Any]] | None:
+    """The drain-block pods bound to ``host``'s node, read through the control plane; None when there is
+    no cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
+    from provisioner.lab import fleet
+    from provisioner.lab.plan import CONTROL_PLANE
+
+    if is_unreachable(st.paths, CONTROL_PLANE):
+        return None
+    cp = st.host(CONTROL_PLANE)
+    cmd = f"test -f {ADMIN_CONF} && kubectl --kubeconfig {ADMIN_CONF} -n {DRAIN_BLOCK_NS} get pods -o json"
+    try:
+        res = subprocess.run(
+            fleet.ssh_argv(st, cp.ip, cmd), capture_output=True, text=True, check=False, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if res.returncode != 0:
+        return None
+    try:
+        items = json.loads(res.stdout).get("items", [])
+    except ValueError:
+        return None
+    return [
+        p
+        for p in items
+        if (p.get("spec") or {}).get("nodeName") == host
+        and ((p.get("metadata") or {}).get("labels") or {}).get("gpuprov.lab/fault") == "drain-block"
+    ]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def wait_drain_block(
+    st: state.LabState, host: str, blocked: bool, timeout: float = DRAIN_BLOCK_TIMEOUT
+) -> None:
+    """Return once the drain-block fault is in force on ``host`` (its protected pod Ready), or gone after
+    a clear, so that what runs next sees it. Without a cluster the fault waits for one: nothing to do."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = _blocking_pods(st, host)
+        if pods is None:
+            return
+        if (any(_ready(p) for p in pods)) if blocked else not pods:
+            return
+        if time.monotonic() > deadline:
+            want = "a Ready pod protected by a PodDisruptionBudget" if blocked else "no drain-block pod"
+            raise LabError(
+                f"{host}: drain-block not {'in force' if blocked else 'cleared'} after {timeout:.0f}s "
+                f"(waiting for {want} on the node, namespace {DRAIN_BLOCK_NS})"
+            )
+        time.sleep(1.0)

@@ -8,6 +8,7 @@ the session by tests/integration/conftest.py.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -29,6 +30,27 @@ def verify(lab: Lab, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
     assert res.returncode in (0, 1), res.stderr
     doc = json.loads(res.stdout)
     return res.returncode, {h["host"]: h for h in doc["hosts"]}
+
+
+def not_clean(hosts: dict[str, dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
+    return {
+        name: [(c["id"], c["status"], c.get("gpu"), c["detail"]) for c in h["checks"]
+               if c["status"] not in ("pass", "skip")] + ([("host", h["error"])] if h.get("error") else [])
+        for name, h in hosts.items()
+        if h.get("error") or any(c["status"] not in ("pass", "skip") for c in h["checks"])
+    }  # fmt: skip
+
+
+def wait_clean(lab: Lab, timeout: float = 90) -> None:
+    """The baseline before a fault: every host verifies clean. A cleared fault is undone by the lab hosts
+    on their own schedule (the kubelet's next node status, for one), so give them a little time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rc, hosts = verify(lab)
+        if rc == 0:
+            return
+        assert time.monotonic() < deadline, f"the lab does not verify clean: {not_clean(hosts)}"
+        time.sleep(3)
 
 
 def findings(host: dict[str, Any], check_id: str) -> list[tuple[str, int | None]]:
@@ -74,6 +96,7 @@ def test_fault_reported_by_its_check_on_that_host_only(
     ready: Lab, kind: str, options: tuple[str, ...], check_id: str, status: str
 ) -> None:
     target = next(n for n, h in ready.hosts.items() if h.gpu_count >= 4)
+    wait_clean(ready)
     inject = ready.cli("lab", "fault", target, kind, *options)
     assert inject.returncode == 0, inject.stderr
     try:
@@ -91,6 +114,7 @@ def test_fault_reported_by_its_check_on_that_host_only(
 
 def test_unreachable_host_is_an_error_and_the_others_are_unaffected(ready: Lab) -> None:
     target = next(n for n, h in ready.hosts.items() if h.gpu_count)
+    wait_clean(ready)
     assert ready.cli("lab", "fault", target, "unreachable").returncode == 0
     try:
         rc, hosts = verify(ready, "--timeout", "30")
@@ -101,4 +125,4 @@ def test_unreachable_host_is_an_error_and_the_others_are_unaffected(ready: Lab) 
     assert {c["status"] for c in hosts[target]["checks"]} == {"error"}
     for name, host in hosts.items():
         if name != target:
-            assert "error" not in host and all(c["status"] in ("pass", "skip") for c in host["checks"]), name
+            assert not not_clean({name: host}), not_clean({name: host})

@@ -1,0 +1,69 @@
+"""`gpuprov lab fault HOST drain-block` returns once the fault is in force (or gone, after clear): the
+simulated kubelet carries it out on its next sync, and a drain started before that would not be blocked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from provisioner.errors import LabError
+from provisioner.lab import faults
+from provisioner.lab.plan import HostSpec
+from provisioner.lab.sim import kube_let
+from provisioner.lab.state import LabState
+
+
+def _lab() -> LabState:
+    return LabState(
+        name="t", subnet="10.9.0.0/24", gateway="10.9.0.1", mirror_port=1,
+        hosts=[HostSpec("cp1", 1, "10.9.0.11", "cpu", 0), HostSpec("gpu1", 2, "10.9.0.12", "h200", 1)],
+    )  # fmt: skip
+
+
+def _pod(ready: str) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"gpuprov.lab/fault": "drain-block"}},
+        "spec": {"nodeName": "gpu1"},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def test_the_namespace_is_the_simulated_kubelets() -> None:
+    assert faults.DRAIN_BLOCK_NS == kube_let.DRAIN_BLOCK_NS
+
+
+@pytest.fixture
+def answers(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, Any]] | None]:
+    """What the control plane answers, one list per poll (the last one repeats)."""
+    seq: list[list[dict[str, Any]] | None] = []
+    polls: list[int] = []
+
+    def fake(st: LabState, host: str) -> list[dict[str, Any]] | None:
+        polls.append(1)
+        return seq[min(len(polls), len(seq)) - 1]
+
+    monkeypatch.setattr(faults, "_blocking_pods", fake)
+    monkeypatch.setattr(faults.time, "sleep", lambda _: None)
+    return seq
+
+
+def test_waits_until_the_protected_pod_is_ready(answers: list) -> None:
+    answers += [[], [_pod("False")], [_pod("True")]]
+    faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=60)
+
+
+def test_clear_waits_until_the_pod_is_gone(answers: list) -> None:
+    answers += [[_pod("True")], []]
+    faults.wait_drain_block(_lab(), "gpu1", blocked=False, timeout=60)
+
+
+def test_no_cluster_means_nothing_to_wait_for(answers: list) -> None:
+    answers += [None]
+    faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=60)
+
+
+def test_a_fault_that_never_takes_effect_is_an_error_naming_the_host(answers: list) -> None:
+    answers += [[_pod("False")]]
+    with pytest.raises(LabError, match=r"gpu1: drain-block not in force after 0s"):
+        faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=0)
