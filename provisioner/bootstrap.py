@@ -327,11 +327,14 @@ def run_bootstrap(
             outcome.status = "done"
 
     verify_report: dict[str, Any] = {}
+    verify_s = 0.0
     if VERIFY in chosen and not check and not interrupted:
         ready = [h for h in hosts if outcomes[h.name].status == "done"]
         if ready:
             sys.stderr.write(f"bootstrap: verifying {len(ready)} host(s)\n")
+            t0 = time.monotonic()
             verify_report = _verify(ready, chosen)
+            verify_s = time.monotonic() - t0
             for name, hr in verify_report.items():
                 outcome = outcomes[name]
                 outcome.verify = hr.status
@@ -359,13 +362,15 @@ def run_bootstrap(
     if verify_report:
         records.write_json(record / "verify.json", {n: hr.to_dict() for n, hr in verify_report.items()})
     records.write_json(record / "summary.json", summary)
-    _render(summary, output_format, verify_report)
+    _render(summary, output_format, verify_report, verify_s)
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if all(o.status == "done" for o in outcomes.values()) else EXIT_FAILED
 
 
-def _render(summary: dict[str, Any], output_format: str, verify_report: dict[str, Any]) -> None:
+def _render(
+    summary: dict[str, Any], output_format: str, verify_report: dict[str, Any], verify_s: float = 0.0
+) -> None:
     import json
 
     if output_format == "json":
@@ -401,6 +406,7 @@ def _render(summary: dict[str, Any], output_format: str, verify_report: dict[str
             checks=sorted({f.id for hr in verify_report.values() for f in hr.findings}),
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             source="ssh",
+            duration_s=verify_s,
         )
         sys.stdout.write(render(report, "table", fail_on="warn", drift=False, color=sys.stdout.isatty()))
     totals = ", ".join(f"{n} {s}" for s, n in summary["totals"].items())
