@@ -33,37 +33,45 @@ def test_the_namespace_is_the_simulated_kubelets() -> None:
     assert faults.DRAIN_BLOCK_NS == kube_let.DRAIN_BLOCK_NS
 
 
+class ControlPlane:
+    """What the control plane answers, one list per poll (the last one repeats); counts the polls."""
+
+    def __init__(self) -> None:
+        self.answers: list[list[dict[str, Any]] | None] = []
+        self.polls = 0
+
+    def __call__(self, st: LabState, host: str) -> list[dict[str, Any]] | None:
+        self.polls += 1
+        return self.answers[min(self.polls, len(self.answers)) - 1]
+
+
 @pytest.fixture
-def answers(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, Any]] | None]:
-    """What the control plane answers, one list per poll (the last one repeats)."""
-    seq: list[list[dict[str, Any]] | None] = []
-    polls: list[int] = []
-
-    def fake(st: LabState, host: str) -> list[dict[str, Any]] | None:
-        polls.append(1)
-        return seq[min(len(polls), len(seq)) - 1]
-
+def cp(monkeypatch: pytest.MonkeyPatch) -> ControlPlane:
+    fake = ControlPlane()
     monkeypatch.setattr(faults, "_blocking_pods", fake)
     monkeypatch.setattr(faults.time, "sleep", lambda _: None)
-    return seq
+    return fake
 
 
-def test_waits_until_the_protected_pod_is_ready(answers: list) -> None:
-    answers += [[], [_pod("False")], [_pod("True")]]
+def test_waits_until_the_protected_pod_is_ready(cp: ControlPlane) -> None:
+    cp.answers += [[], [_pod("False")], [_pod("True")]]
     faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=60)
+    assert cp.polls == 3
 
 
-def test_clear_waits_until_the_pod_is_gone(answers: list) -> None:
-    answers += [[_pod("True")], []]
+def test_clear_waits_until_the_pod_is_gone(cp: ControlPlane) -> None:
+    cp.answers += [[_pod("True")], [_pod("True")], []]
     faults.wait_drain_block(_lab(), "gpu1", blocked=False, timeout=60)
+    assert cp.polls == 3
 
 
-def test_no_cluster_means_nothing_to_wait_for(answers: list) -> None:
-    answers += [None]
+def test_no_cluster_means_nothing_to_wait_for(cp: ControlPlane) -> None:
+    cp.answers += [None]
     faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=60)
+    assert cp.polls == 1
 
 
-def test_a_fault_that_never_takes_effect_is_an_error_naming_the_host(answers: list) -> None:
-    answers += [[_pod("False")]]
+def test_a_fault_that_never_takes_effect_is_an_error_naming_the_host(cp: ControlPlane) -> None:
+    cp.answers += [[_pod("False")]]
     with pytest.raises(LabError, match=r"gpu1: drain-block not in force after 0s"):
         faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=0)
