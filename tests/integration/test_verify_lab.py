@@ -59,13 +59,7 @@ def findings(host: dict[str, Any], check_id: str) -> list[tuple[str, int | None]
 
 def test_bootstrapped_lab_verifies_clean(ready: Lab) -> None:
     rc, hosts = verify(ready)
-    bad = {
-        name: [
-            (c["id"], c["status"], c["detail"]) for c in h["checks"] if c["status"] not in ("pass", "skip")
-        ]
-        for name, h in hosts.items()
-    }
-    assert rc == 0, bad
+    assert rc == 0, not_clean(hosts)
     assert set(hosts) == set(ready.hosts)
     for name, spec in ready.hosts.items():
         if spec.gpu_count:
