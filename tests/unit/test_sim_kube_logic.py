@@ -291,3 +291,56 @@ def test_ca_pin_is_the_sha256_of_the_public_key_info(tmp_path: Path) -> None:
     info = kube_pki.cert_info(h, leaf.cert)
     assert "CN=system:node:gpu1" in info["subject"] and "O=system:nodes" in info["subject"]
     assert "CN=kubernetes" in info["issuer"]
+
+
+def test_controllers_share_pod_lists_until_the_store_changes(tmp_path: Path) -> None:
+    """A controllers' pass lists the same pods many times: one copy per store version, never a stale one."""
+    from types import SimpleNamespace
+
+    from provisioner.lab.sim import kube_ctrl
+
+    s = kube_store.Store(tmp_path / "store.json")
+    pods = s.res("pods")
+
+    def pod(name: str, ns: str = "default") -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": ns}, "spec": {"nodeName": "n1", "containers": []}}
+
+    s.create(pods, pod("a"))
+    ctrl = kube_ctrl.Controllers(SimpleNamespace(store=s, host=None, settings=None))  # type: ignore[arg-type]
+    first = ctrl._pods("default")
+    assert [p["metadata"]["name"] for p in first] == ["a"]
+    assert ctrl._pods("default") is first  # same version: the same list
+    assert [p["metadata"]["name"] for p in ctrl._pods()] == ["a"]
+    s.create(pods, pod("b"))
+    assert [p["metadata"]["name"] for p in ctrl._pods("default")] == ["a", "b"]
+    s.delete(pods, "default", "a", grace=0)
+    assert [p["metadata"]["name"] for p in ctrl._pods()] == ["b"]
+    s.patch(pods, "default", "b", {"metadata": {"labels": {"x": "1"}}})
+    assert ctrl._pods("default")[0]["metadata"]["labels"] == {"x": "1"}
+    s.remove_now(pods, "default", "b")
+    assert ctrl._pods("default") == []
+
+
+def test_kubelet_looks_at_the_container_runtime_once_per_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pod's status needs the runtime's state; systemctl is asked once per RUNTIME_TTL, not per pod."""
+    from types import SimpleNamespace
+
+    from provisioner.lab.sim import kube_let
+
+    calls: list[str] = []
+    clock = [100.0]
+
+    def fake_state(host: object, cgroup_driver: str) -> tuple[bool, None]:
+        calls.append(cgroup_driver)
+        return True, None
+
+    monkeypatch.setattr(kube_let, "runtime_state", fake_state)
+    monkeypatch.setattr(kube_let.time, "monotonic", lambda: clock[0])
+    k = kube_let.Kubelet.__new__(kube_let.Kubelet)
+    k.host, k.s, k.cache = None, SimpleNamespace(cgroup_driver="systemd"), {}
+    for _ in range(5):
+        assert k.runtime() == (True, None)
+    assert calls == ["systemd"]
+    clock[0] += kube_let.RUNTIME_TTL + 0.01
+    k.runtime()
+    assert len(calls) == 2

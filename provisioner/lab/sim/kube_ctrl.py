@@ -175,6 +175,11 @@ class Controllers:
         self._ca: pki.CertKey | None = None
         self.kick = threading.Event()
         self.store.hooks.append(lambda *_: self.kick.set())
+        # Pod lists by namespace (None: all), valid while the store's resourceVersion stays the same. A pass
+        # of the controllers asks for the same pods once per DaemonSet, ReplicaSet and budget; copying the
+        # whole store each time kept an idle lab's control plane busy.
+        self._pods_cache: dict[str | None, list[Obj]] = {}
+        self._pods_cache_rv = -1
 
     # ----------------------------------------------------------------------------------- loop
     def run(self) -> None:
@@ -456,7 +461,14 @@ class Controllers:
 
     # --------------------------------------------------------------------------------- workloads
     def _pods(self, ns: str | None = None) -> list[Obj]:
-        return self.store.list(self.R("pods"), ns)
+        """The pods (of a namespace), as of the store's current version. Shared between the callers of a
+        pass: read them, never change them (writes go through the store, which starts a new version)."""
+        rv = self.store.rv
+        if rv != self._pods_cache_rv:
+            self._pods_cache, self._pods_cache_rv = {}, rv
+        if ns not in self._pods_cache:
+            self._pods_cache[ns] = self.store.list(self.R("pods"), ns)
+        return self._pods_cache[ns]
 
     def _new_pod(self, owner: Obj, template: Obj, name: str, extra_labels: dict[str, str]) -> Obj:
         tmpl = copy.deepcopy(template or {})

@@ -39,6 +39,9 @@ PKI_DIR = "/var/lib/kubelet/pki"
 API_UNIT = "gpuprov-lab-kube-apiserver.service"
 STATUS_PERIOD = 10.0
 SYNC_PERIOD = 2.0
+# How long one look at the container runtime (systemctl is-active containerd, its config) holds: once per
+# sync instead of once per pod, node status and static pod, which kept idle lab hosts busy.
+RUNTIME_TTL = 1.0
 DRAIN_BLOCK_NS = "gpuprov-lab"
 VALIDATIONS = "/run/nvidia/validations"
 NVIDIA_NODE_LABELS = ("app=nvidia-driver-daemonset", "app=nvidia-container-toolkit-daemonset")
@@ -457,7 +460,7 @@ class Kubelet:
         path = self.s.cfg_get("staticPodPath")
         if not path:
             return
-        ok, why = runtime_state(self.host, self.s.cgroup_driver)
+        ok, why = self.runtime()
         has_api = self.host.exists(f"{path}/kube-apiserver.yaml")
         active = self.host.service_active(API_UNIT)
         if has_api and ok and why is None and not active:
@@ -580,6 +583,10 @@ class Kubelet:
                 return self.client.get(self.R("nodes"), "", name)
             raise
 
+    def runtime(self) -> tuple[bool, str | None]:
+        """runtime_state(), looked at once per RUNTIME_TTL."""
+        return self.cached("runtime", RUNTIME_TTL, lambda: runtime_state(self.host, self.s.cgroup_driver))
+
     def cached(self, key: str, ttl: float, fn: Any) -> Any:
         hit = self.cache.get(key)
         if hit and time.monotonic() - hit[0] < ttl:
@@ -608,7 +615,7 @@ class Kubelet:
 
     def node_status(self, node: Obj) -> Obj:
         host, s = self.host, self.s
-        _ok, runtime_why = runtime_state(host, s.cgroup_driver)
+        _ok, runtime_why = self.runtime()
         why = runtime_why
         if why is None and not cni_configured(host):
             why = (

@@ -143,9 +143,7 @@ class PodRunner:
         return None
 
     def _runtime(self) -> tuple[bool, str | None]:
-        from .kube_let import runtime_state
-
-        return runtime_state(self.host, self.k.s.cgroup_driver)
+        return self.k.runtime()
 
     def pod_ip(self) -> str:
         if self.spec.get("hostNetwork"):
