@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Read-only probe of what preflight and nvidia_driver decide on: NVIDIA PCI devices, the loaded driver,
-nouveau, Secure Boot, kernel headers, dpkg/apt locks, free disk and memory. One JSON document on stdout.
+nouveau, Secure Boot, kernel headers, the kernels installed in /boot, dpkg/apt locks, free disk and memory.
+One JSON document on stdout.
 
 It reads /sys and /proc directly (lspci, mokutil and modinfo may be absent on a host), in one process so
 that hundreds of hosts cost one round trip each, and changes nothing: locks are queried with F_GETLK,
@@ -199,6 +200,15 @@ def free_mb(path: str) -> dict[str, Any]:
     return {"path": path or "/", "free_mb": st.f_bavail * st.f_frsize // (1024 * 1024)}
 
 
+def boot_kernels(boot: str = "/boot") -> list[str]:
+    """Kernel images installed in /boot: a package install that adds one means the host must boot it."""
+    try:
+        names = os.listdir(boot)
+    except OSError:
+        return []
+    return sorted(os.path.join(boot, n) for n in names if n.startswith("vmlinuz-"))
+
+
 def memory_mb() -> int:
     m = re.search(r"^MemTotal:\s+(\d+)\s+kB", read("/proc/meminfo"), re.M)
     return int(m.group(1)) // 1024 if m else 0
@@ -220,6 +230,7 @@ def main() -> None:
         "driver": loaded_driver(),
         "secure_boot": secure_boot(),
         "headers": headers(os.uname().release, args.headers_apt),
+        "boot_kernels": boot_kernels(),
         "locks_held": locks,
         "disk": {p: free_mb(p) for p in args.disk},
         "memory_mb": memory_mb(),
