@@ -123,13 +123,12 @@ _SECUREBOOT = r"""
     if [ "$v" = 1 ]; then echo "SecureBoot enabled"; else echo "SecureBoot disabled"; fi
 """
 
-_CONTAINERD_DROPINS = r"""
-    found=
-    for f in /etc/containerd/conf.d/*.toml /etc/containerd/config.d/*.toml; do
-      [ -r "$f" ] || continue
-      found=1; printf '==> %s <==\n' "$f"; cat "$f"; echo
-    done
-    [ -n "$found" ] || { echo "no drop-in files in /etc/containerd/conf.d or config.d" >&2; return 200; }
+# What containerd really uses: config.toml with every file it imports merged in, as containerd merges
+# them (containerd 1.x lets an imported plugin table replace config.toml's). Reads files only; no
+# running daemon needed.
+_CONTAINERD_DUMP = r"""
+    command -v containerd >/dev/null 2>&1 || { echo "containerd not installed" >&2; return 200; }
+    t 20 containerd config dump
 """
 
 _KUBE_NODE = r"""
@@ -199,7 +198,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("secureboot.txt", _SECUREBOOT, 10, "Secure Boot state"),
     Probe("docker-daemon.json", _cat("/etc/docker/daemon.json"), 5, "Docker daemon config"),
     Probe("containerd-config.toml", _cat("/etc/containerd/config.toml"), 5, "containerd config"),
-    Probe("containerd-dropins.txt", _CONTAINERD_DROPINS, 5, "containerd drop-in configs"),
+    Probe(
+        "containerd-config-dump.toml", _CONTAINERD_DUMP, 25, "containerd config dump (config.toml + imports)"
+    ),
     Probe("kube-node.json", _KUBE_NODE, 35, "this host's Kubernetes Node object"),
     Probe("dcgmi-diag.json", _DCGM, 310, "DCGM diagnostic level 1"),
     Probe("container-smoke.txt", _SMOKE, 130, "nvidia-smi -L in a container with --gpus all"),
@@ -779,20 +780,53 @@ def parse_toml(text: str, probe: str) -> dict[str, Any]:
         raise ParseError(f"{probe}: not valid TOML: {exc}") from exc
 
 
-def parse_dropins(text: str) -> dict[str, dict[str, Any]]:
-    """containerd-dropins.txt: '==> PATH <==' headers, each followed by one TOML file."""
-    files: dict[str, list[str]] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        m = re.match(r"^==> (.+) <==$", line)
-        if m:
-            current = m.group(1)
-            files[current] = []
-        elif current is not None:
-            files[current].append(line)
-        elif line.strip():
-            raise ParseError("containerd-dropins.txt: content before the first '==> file <==' header")
-    return {path: parse_toml("\n".join(lines), f"containerd drop-in {path}") for path, lines in files.items()}
+@dataclass(frozen=True)
+class ContainerdRuntime:
+    runtime_type: str
+    binary: str
+
+
+@dataclass(frozen=True)
+class ContainerdConfig:
+    """The part of `containerd config dump` the checks read (the CRI plugin's runtimes and CDI)."""
+
+    version: int
+    runtimes: dict[str, ContainerdRuntime]
+    default_runtime: str
+    enable_cdi: bool
+    imports: list[str]
+
+
+def parse_containerd_dump(text: str) -> ContainerdConfig:
+    """`containerd config dump`: config version 2 (containerd 1.x) keeps the runtimes in the plugin
+    "io.containerd.grpc.v1.cri", version 3 (2.x) in "io.containerd.cri.v1.runtime"."""
+    data = parse_toml(text, "containerd-config-dump.toml")
+    try:
+        version = int(data.get("version") or 1)
+    except (TypeError, ValueError) as exc:
+        raise ParseError(
+            f"containerd-config-dump.toml: version {data.get('version')!r} is not a number"
+        ) from exc
+    plugins = data.get("plugins") if isinstance(data.get("plugins"), dict) else {}
+    cri = plugins.get("io.containerd.cri.v1.runtime" if version >= 3 else "io.containerd.grpc.v1.cri")
+    cri = cri if isinstance(cri, dict) else {}
+    containerd = cri.get("containerd") if isinstance(cri.get("containerd"), dict) else {}
+    runtimes: dict[str, ContainerdRuntime] = {}
+    raw = containerd.get("runtimes") if isinstance(containerd.get("runtimes"), dict) else {}
+    for name, table in raw.items():
+        if isinstance(table, dict):
+            options = table.get("options") if isinstance(table.get("options"), dict) else {}
+            runtimes[str(name)] = ContainerdRuntime(
+                str(table.get("runtime_type", "")), str(options.get("BinaryName", ""))
+            )
+    imports = data.get("imports") if isinstance(data.get("imports"), list) else []
+    return ContainerdConfig(
+        version=version,
+        runtimes=runtimes,
+        default_runtime=str(containerd.get("default_runtime_name", "")),
+        enable_cdi=cri.get("enable_cdi") is True,
+        imports=[str(i) for i in imports],
+    )
 
 
 @dataclass(frozen=True)

@@ -202,16 +202,18 @@ class HostFacts:
 
         return self.parsed(name, load)
 
-    def containerd_dropins(self) -> dict[str, dict[str, Any]]:
-        def load() -> dict[str, dict[str, Any]]:
-            res = self.results.get("containerd-dropins.txt")
-            if res is None or not res.collected or res.not_applicable:
-                return {}
-            if not res.ok:
-                raise Unavailable(ERROR, f"containerd-dropins.txt: {res.reason()}")
-            return P.parse_dropins(res.stdout)
+    def containerd_config(self) -> P.ContainerdConfig | None:
+        """What `containerd config dump` says containerd uses; None where containerd is not installed."""
 
-        return self.parsed("dropins", load)
+        def load() -> P.ContainerdConfig | None:
+            res = self.result("containerd-config-dump.toml")
+            if res.not_applicable:
+                return None
+            if not res.ok:
+                raise Unavailable(ERROR, f"containerd-config-dump.toml: {res.reason()}")
+            return P.parse_containerd_dump(res.stdout)
+
+        return self.parsed("containerd-config-dump.toml", load)
 
     def gpu_index_for_pci(self, pci: str) -> tuple[int | None, str]:
         """Map a kernel-log PCI address (0000:3b:00, no function) to the GPU index and full bus id."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
 
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
@@ -181,27 +180,9 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return [outcome(PASS, f"active: {', '.join(wanted)} ({where}){judged}")]
 
 
-def _has_nvidia_runtime(config: dict[str, Any]) -> bool:
-    """containerd: plugins.<cri plugin>.containerd.runtimes.nvidia (config v2 and v3)."""
-    plugins = config.get("plugins")
-    if not isinstance(plugins, dict):
-        return False
-    for plugin in plugins.values():
-        if not isinstance(plugin, dict):
-            continue
-        runtimes = (
-            (plugin.get("containerd") or {}).get("runtimes")
-            if isinstance(plugin.get("containerd"), dict)
-            else None
-        )
-        if isinstance(runtimes, dict) and "nvidia" in runtimes:
-            return True
-    return False
-
-
 @check(
     "container_toolkit.runtime",
-    probes=("docker-daemon.json", "containerd-config.toml", "containerd-dropins.txt", "packages.tsv"),
+    probes=("docker-daemon.json", "containerd-config-dump.toml", "packages.tsv"),
     severity="high",
     summary="nvidia runtime configured for docker / containerd",
 )
@@ -248,25 +229,26 @@ def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Findi
                     + (" (file absent)" if daemon is None else "")
                 )
         else:
-            main = facts.optional_toml("containerd-config.toml")
-            if main is None:
-                missing.append("containerd: no /etc/containerd/config.toml")
+            # What containerd really uses (config.toml and what it imports, merged as containerd merges
+            # them), not every file under /etc/containerd.
+            cfg = facts.containerd_config()
+            if cfg is None:
+                missing.append("containerd: not installed (no containerd to ask)")
                 continue
-            if _has_nvidia_runtime(main):
-                configured.append("containerd (config.toml)")
-                continue
-            imports = [str(i) for i in main.get("imports") or [] if isinstance(i, str)]
-            dropins = facts.containerd_dropins()
-            with_nvidia = [p for p, cfg in dropins.items() if _has_nvidia_runtime(cfg)]
-            used = [p for p in with_nvidia if any(fnmatch.fnmatch(p, pat) for pat in imports)]
-            if used:
-                configured.append(f"containerd (drop-in {used[0]})")
-            elif with_nvidia:
+            runtime = cfg.runtimes.get("nvidia")
+            if runtime is None:
                 missing.append(
-                    f"containerd: {with_nvidia[0]} has the nvidia runtime but config.toml does not import it"
+                    "containerd: `containerd config dump` has no nvidia runtime"
+                    + (f" (config.toml imports {', '.join(cfg.imports)})" if cfg.imports else "")
+                )
+            elif not runtime.binary.endswith("/nvidia-container-runtime"):
+                missing.append(
+                    f"containerd: the nvidia runtime's BinaryName is {runtime.binary!r}, "
+                    "not nvidia-container-runtime"
                 )
             else:
-                missing.append("containerd: no nvidia runtime in config.toml or an imported drop-in")
+                how = "CDI on" if cfg.enable_cdi else "CDI off"
+                configured.append(f"containerd (default runtime {cfg.default_runtime or 'runc'}, {how})")
     if missing:
         return [outcome(FAIL, "; ".join(missing) + f" ({where})", missing=missing)]
     return [outcome(PASS, f"nvidia runtime configured: {', '.join(configured)} ({where})")]

@@ -496,7 +496,7 @@ CONTAINERD_V2_NVIDIA = """version = 2
 """
 
 
-def _ctk_host(daemon: str | None, containerd: str | None, dropins: str | None = None) -> dict:
+def _ctk_host(daemon: str | None, containerd_dump: str | None) -> dict:
     probes = vf.h200_probes()
     extra = (
         "nvidia-container-toolkit\t1.18.0-1\tii \ndocker.io\t26.1.3-0ubuntu1\tii \n"
@@ -505,10 +505,8 @@ def _ctk_host(daemon: str | None, containerd: str | None, dropins: str | None = 
     probes["packages.tsv"] = (0, probes["packages.tsv"][1] + extra, "")
     if daemon is not None:
         probes["docker-daemon.json"] = (0, daemon, "")
-    if containerd is not None:
-        probes["containerd-config.toml"] = (0, containerd, "")
-    if dropins is not None:
-        probes["containerd-dropins.txt"] = (0, dropins, "")
+    if containerd_dump is not None:
+        probes["containerd-config-dump.toml"] = (0, containerd_dump, "")
     return probes
 
 
@@ -529,12 +527,23 @@ def test_container_toolkit_runtime_missing() -> None:
     assert h.status == "error" and "not valid JSON" in h.detail
 
 
-def test_containerd_dropin_counts_only_when_imported() -> None:
-    dropin = "==> /etc/containerd/conf.d/99-nvidia.toml <==\n" + CONTAINERD_V2_NVIDIA
-    imported = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
-    assert status(run(_ctk_host(DAEMON_OK, imported, dropin)), "container_toolkit.runtime") == "pass"
-    (f,) = run(_ctk_host(DAEMON_OK, "version = 2\n", dropin))["container_toolkit.runtime"]
-    assert f.status == "fail" and "does not import it" in f.detail
+def test_containerd_runtime_is_read_from_what_containerd_uses() -> None:
+    """The check reads `containerd config dump` (imports merged as containerd merges them), so a runtime
+    in a file config.toml does not import, or one an import masks, does not count."""
+    masked = (
+        'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n[plugins."io.containerd.grpc.v1.cri"]\n'
+    )
+    (f,) = run(_ctk_host(DAEMON_OK, masked))["container_toolkit.runtime"]
+    assert (
+        f.status == "fail" and "no nvidia runtime" in f.detail and "/etc/containerd/conf.d/*.toml" in f.detail
+    )
+    other = CONTAINERD_V2_NVIDIA.replace("/usr/bin/nvidia-container-runtime", "/usr/bin/runc")
+    (g,) = run(_ctk_host(DAEMON_OK, other))["container_toolkit.runtime"]
+    assert g.status == "fail" and "BinaryName is '/usr/bin/runc'" in g.detail
+    (h,) = run(
+        _ctk_host(DAEMON_OK, CONTAINERD_V2_NVIDIA.replace("version = 2\n", "version = 2\n[plugins\n"))
+    )["container_toolkit.runtime"]
+    assert h.status == "error" and "not valid TOML" in h.detail
 
 
 NODE = {

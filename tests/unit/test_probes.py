@@ -11,6 +11,8 @@ import verify_fixtures as vf
 from provisioner import probes as P
 from provisioner.executors import LocalExecutor
 
+FIXTURES_ROOT = Path(__file__).resolve().parents[1] / "fixtures"
+
 # ----------------------------------------------------------------------------- real capture parsers
 
 
@@ -191,14 +193,13 @@ def test_services_modules_secureboot_dropins() -> None:
     assert P.parse_secureboot("SecureBoot not applicable (legacy BIOS boot: no /sys/firmware/efi)") == (
         "not-applicable"
     )
-    dropins = P.parse_dropins(
-        "==> /etc/containerd/conf.d/99-nvidia.toml <==\nversion = 2\n"
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
-        'runtime_type = "io.containerd.runc.v2"\n'
-    )
-    assert list(dropins) == ["/etc/containerd/conf.d/99-nvidia.toml"]
+    v3 = P.parse_containerd_dump((FIXTURES_ROOT / "containerd" / "config-default-2.1.toml").read_text())
+    assert v3.version == 3 and v3.enable_cdi and v3.default_runtime == "runc"
+    assert v3.runtimes["runc"] == P.ContainerdRuntime("io.containerd.runc.v2", "")
+    v2 = P.parse_containerd_dump((FIXTURES_ROOT / "containerd" / "config-default-1.6.toml").read_text())
+    assert v2.version == 2 and not v2.enable_cdi and set(v2.runtimes) == {"runc"}
     with pytest.raises(P.ParseError, match="TOML"):
-        P.parse_dropins("==> /etc/containerd/conf.d/x.toml <==\n[unclosed\n")
+        P.parse_containerd_dump("[unclosed\n")
 
 
 def test_dcgm_diag_json_forms() -> None:

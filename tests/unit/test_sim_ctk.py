@@ -232,10 +232,10 @@ def test_what_nvidia_ctk_writes_reads_as_configured(host: SimHost) -> None:
         "docker-daemon.json": probes.ProbeResult(
             "docker-daemon.json", 0, (host.root / "etc/docker/daemon.json").read_text()
         ),
-        "containerd-config.toml": probes.ProbeResult(
-            "containerd-config.toml", 0, (host.root / "etc/containerd/config.toml").read_text()
+        # config.toml imports nothing here, so it is what `containerd config dump` would show.
+        "containerd-config-dump.toml": probes.ProbeResult(
+            "containerd-config-dump.toml", 0, (host.root / "etc/containerd/config.toml").read_text()
         ),
-        "containerd-dropins.txt": probes.ProbeResult("containerd-dropins.txt", probes.RC_NOT_APPLICABLE, ""),
     }
     found = evaluate(HostFacts("gpu1", results), Expectations(), ["container_toolkit.runtime"])
     assert [f.status for f in found] == ["pass"], found

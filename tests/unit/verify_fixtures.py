@@ -107,7 +107,7 @@ def h200_probes() -> Probes:
         "secureboot.txt": (0, "SecureBoot not applicable (legacy BIOS boot: no /sys/firmware/efi)\n", ""),
         "docker-daemon.json": (na, "", "/etc/docker/daemon.json: absent"),
         "containerd-config.toml": (na, "", "/etc/containerd/config.toml: absent"),
-        "containerd-dropins.txt": (na, "", "no drop-in files in /etc/containerd/conf.d or config.d"),
+        "containerd-config-dump.toml": (na, "", "containerd not installed"),
         "kube-node.json": (na, "", "not a Kubernetes node: no /etc/kubernetes/admin.conf or kubelet.conf"),
         "dcgmi-diag.json": (na, "", "dcgmi not installed"),
     }
