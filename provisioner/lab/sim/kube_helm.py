@@ -1240,8 +1240,29 @@ def cmd_template(h: Helm, pos: list[str]) -> int:
     return 0
 
 
+def cmd_show(h: Helm, pos: list[str]) -> int:
+    """helm show crds|values|chart: the CRDs of the chart and its subcharts, as helm prints them."""
+    if len(pos) < 2 or pos[0] not in ("crds", "values", "chart"):
+        raise HelmError('"helm show" requires a subcommand (crds, values or chart) and a chart')
+    chart, _ = resolve_chart(h, pos[1])
+    if pos[0] == "values":
+        h.out.write(u.yaml_dump(chart.values))
+        return 0
+    if pos[0] == "chart":
+        h.out.write(u.yaml_dump(chart.meta))
+        return 0
+
+    def texts(c: Chart) -> list[str]:
+        return [c.crds[k] for k in sorted(c.crds)] + [t for sub in c.subcharts for t in texts(sub)]
+
+    for text in texts(chart):
+        h.out.write("---\n" + text.strip("\n") + "\n")
+    return 0
+
+
 COMMANDS = {
     "version": cmd_version,
+    "show": cmd_show,
     "repo": cmd_repo,
     "search": cmd_search,
     "upgrade": cmd_upgrade,
