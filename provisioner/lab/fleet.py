@@ -26,6 +26,7 @@ from provisioner.errors import InputError, LabError
 from provisioner.lab import engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
 from provisioner.lab.engine import Docker, Progress, _quiet
 from provisioner.lab.plan import HostSpec
+from provisioner.lab.sim import nvml
 from provisioner.lab.state import LabState
 
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
@@ -93,7 +94,23 @@ def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ip
             f"--profiles: {len(profiles)} profiles for {count - 1} GPU host(s); "
             f"use --hosts {len(profiles) + 1}"
         )
+    refuse_real_nvidia_driver()
     return existing, count, profiles, net
+
+
+# Present while an NVIDIA kernel module is loaded (the real driver creates it).
+REAL_DRIVER_MARKER = Path("/proc/driver/nvidia")
+
+
+def refuse_real_nvidia_driver(marker: Path = REAL_DRIVER_MARKER) -> None:
+    """The lab makes GPU device nodes (char 195:N, 511:N) in its hosts, which share this machine's
+    kernel: where a real NVIDIA driver is loaded they would open this machine's real GPUs."""
+    if marker.exists():
+        raise LabError(
+            f"this machine has a real NVIDIA driver loaded ({marker} exists): the lab's hosts share its "
+            "kernel and would get device nodes of its real GPUs. Run the lab on a machine without an "
+            "NVIDIA driver."
+        )
 
 
 def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
@@ -253,13 +270,20 @@ def _containers(docker: Docker, lab: str) -> dict[str, str]:
 
 
 def _write_host_files(lp: paths.LabPaths, h: HostSpec) -> None:
-    """profile.json (rewritten when the profile changes) and faults.json (kept) for the emulation."""
+    """profile.json (rewritten when the profile changes), NVIDIA's mock NVML configuration of the host's
+    GPUs and faults.json (kept) for the emulation."""
     d = lp.host_dir(h.name)
     d.mkdir(parents=True, exist_ok=True)
     doc = plan.profile_document(h)
     f = d / "profile.json"
     if not f.exists() or json.loads(f.read_text()) != doc:
         state.write_json(f, doc)
+    nvml_config = nvml.mock_config(doc)
+    nvml_file = d / "nvml-mock.yaml"
+    if nvml_config is None:
+        nvml_file.unlink(missing_ok=True)
+    elif not nvml_file.exists() or nvml_file.read_text() != nvml_config:
+        nvml_file.write_text(nvml_config)
     if not (d / "faults.json").exists():
         faults.write_faults(lp, h.name, [])
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import LabError
-from provisioner.lab import image, keys, paths, proc, state
+from provisioner.lab import image, keys, paths, proc, state, vendor
 from provisioner.lab.engine import Progress, _quiet
 from provisioner.lab.keys import ArchiveKey
 
@@ -201,9 +201,16 @@ def vendor_key_paths(repo: SimRepo) -> list[str]:
     return []
 
 
+# Vendor artifacts the lab's packages are made from (their content is part of the mirror's cache key).
+VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock")
+
+
 def sim_inputs_digest() -> str:
     sim_dir = Path(__file__).parent / "sim"
-    return _digest(*paths.tree_manifest(sim_dir))
+    parts = paths.tree_manifest(sim_dir)
+    for kind in VENDOR_INPUTS:
+        parts += [f"vendor:{kind}", *paths.tree_manifest(vendor.artifact(kind))]
+    return _digest(*parts)
 
 
 def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Progress) -> set[str]:

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,9 @@ class SimPackage:
     priority: str = "optional"
     homepage: str = ""
     long_description: str = ""
+    # What in the package is the vendor's real software (empty: all of it is simulated). Said in the
+    # Description instead of the SIMULATED label, next to what is still simulated.
+    real: str = ""
 
     @property
     def filename(self) -> str:
@@ -110,19 +114,28 @@ def control_text(pkg: SimPackage, installed_size_kib: int) -> str:
         ("Homepage", pkg.homepage),
     ]
     lines = [f"{k}: {v}" for k, v in fields if v]
-    body = [
-        f"This package is {SIMULATED}: it has the real package's name, version and file",
-        "paths, and its tools answer from the lab host's simulated hardware. It does not contain",
-        "the vendor's software and works only on gpuprov lab hosts.",
-    ]
+    if pkg.real:
+        body = [
+            "Packaged by the gpuprov lab (not the vendor's .deb) from the vendor's real software:",
+            *textwrap.wrap(pkg.real, 90),
+        ]
+        label = "gpuprov lab build"
+    else:
+        body = [
+            f"This package is {SIMULATED}: it has the real package's name, version and file",
+            "paths, and its tools answer from the lab host's simulated hardware. It does not contain",
+            "the vendor's software and works only on gpuprov lab hosts.",
+        ]
+        label = SIMULATED
     if pkg.long_description.strip():
         body = [*pkg.long_description.strip().splitlines(), ".", *body]
-    lines.append(f"Description: {synopsis} - {SIMULATED}")
+    lines.append(f"Description: {synopsis} - {label}")
     lines += [" " + (ln if ln.strip() and ln != "." else ".") for ln in body]
     return "\n".join(lines) + "\n"
 
 
 def _script_text(name: str, text: str) -> str:
+    # A script that starts with "#!" is the vendor's own, used as it is.
     if name in ("triggers",) or text.startswith("#!"):
         return text if text.endswith("\n") else text + "\n"
     return f"#!/bin/sh\n# {SIMULATED}: maintainer script\nset -e\n{text.rstrip()}\n"
@@ -190,7 +203,7 @@ def build_deb(pkg: SimPackage, out_dir: Path | str) -> Path:
             "LC_ALL": "C",
         }
         res = subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
+            ["dpkg-deb", "--root-owner-group", "-Zgzip", "-z6", "--build", str(root), str(deb)],
             capture_output=True,
             text=True,
             env=env,

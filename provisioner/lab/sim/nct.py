@@ -1,13 +1,22 @@
-"""Part of the gpuprov lab simulation: the NVIDIA Container Toolkit repository (libnvidia-container).
+"""Part of the gpuprov lab: the NVIDIA Container Toolkit repository (libnvidia-container), 1.18.0-1.
 
-Packages nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools and
-libnvidia-container1 at 1.18.0-1, with the real binaries' paths. ``nvidia-ctk`` edits Docker's
-daemon.json and containerd's config.toml the way the real 1.18.0 does (gpuprovsim/ctk.py);
-``nvidia-container-runtime`` hands containers to runc unchanged (no GPU is injected: the lab has none).
+nvidia-container-toolkit-base and nvidia-container-toolkit carry NVIDIA's real 1.18.0 binaries
+(nvidia-ctk, nvidia-container-runtime, nvidia-cdi-hook, nvidia-container-runtime-hook, built from NVIDIA's
+source), NVIDIA's own maintainer scripts and the nvidia-cdi-refresh systemd units, laid out as the tag's
+debian/*.install files say; their control fields follow the tag's debian/control. What they do to
+daemon.json, which CDI spec they write and which devices a container gets is therefore the real tools'
+doing (the GPUs they see come from NVIDIA's mock NVML in the lab's driver packages).
+
+Still SIMULATED, because no real build exists here (it needs NVIDIA's driver libraries): libnvidia-container1
+and libnvidia-container-tools, whose nvidia-container-cli answers `info` and `--version` from the host's
+simulated GPUs (gpuprovsim/nvcli.py). Only the legacy (non-CDI) injection path uses it.
 """
 
 from __future__ import annotations
 
+import re
+
+from provisioner.lab import vendor
 from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
 from provisioner.lab.sim.elf import shared_object
 from provisioner.lab.sim.nvidia import LIBDIR, tool
@@ -16,55 +25,48 @@ NCT_REPO = "nct"
 VERSION = "1.18.0"
 FULL = f"{VERSION}-1"
 HOMEPAGE = "https://github.com/NVIDIA/nvidia-container-toolkit"
+ARTIFACT = "nvidia-container-toolkit"
+REAL = (
+    "NVIDIA Container Toolkit {version} (github.com/NVIDIA/nvidia-container-toolkit, tag v{version}): "
+    "NVIDIA's binaries built from the tag's source, NVIDIA's maintainer scripts and systemd units."
+)
 
-RUNTIME_CONFIG = """\
-#accept-nvidia-visible-devices-as-volume-mounts = false
-#accept-nvidia-visible-devices-envvar-when-unprivileged = true
-disable-require = false
-supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
-#swarm-resource = "DOCKER_RESOURCE_GPU"
 
-[nvidia-container-cli]
-#debug = "/var/log/nvidia-container-toolkit.log"
-environment = []
-#ldcache = "/etc/ld.so.cache"
-ldconfig = "@/sbin/ldconfig"
-load-kmods = true
-#no-cgroups = false
-#path = "/usr/bin/nvidia-container-cli"
-#root = "/run/nvidia/driver"
-#user = "root:video"
+def _real(rel: str) -> bytes:
+    return vendor.artifact(ARTIFACT, rel).read_bytes()
 
-[nvidia-container-runtime]
-#debug = "/var/log/nvidia-container-runtime.log"
-log-level = "info"
-mode = "auto"
-runtimes = ["runc", "crun"]
 
-[nvidia-container-runtime.modes]
+def _control_field(package: str, field: str) -> list[str]:
+    """A relation field of one package in NVIDIA's debian/control, with @VERSION@ filled in."""
+    text = vendor.artifact(ARTIFACT, "packaging/control").read_text()
+    for stanza in re.split(r"\n\s*\n", text):
+        if re.search(rf"^Package:\s*{re.escape(package)}\s*$", stanza, re.M):
+            m = re.search(rf"^{field}:\s*(.*(?:\n[ \t].*)*)", stanza, re.M)
+            if not m:
+                return []
+            items = [i.strip() for i in m.group(1).replace("\n", " ").split(",")]
+            return [i.replace("@VERSION@", FULL) for i in items if i and not i.startswith("${")]
+    raise ValueError(f"{package} is not in NVIDIA's debian/control")
 
-[nvidia-container-runtime.modes.cdi]
-annotation-prefixes = ["cdi.k8s.io/"]
-default-kind = "nvidia.com/gpu"
-spec-dirs = ["/etc/cdi", "/var/run/cdi"]
 
-[nvidia-container-runtime.modes.csv]
-mount-spec-path = "/etc/nvidia-container-runtime/host-files-for-container.d"
-
-[nvidia-container-runtime-hook]
-path = "nvidia-container-runtime-hook"
-skip-mode-detection = false
-
-[nvidia-ctk]
-path = "nvidia-ctk"
-"""
+def _script(name: str) -> str:
+    """NVIDIA's maintainer script, with debhelper's #DEBHELPER# token removed (nothing to add there:
+    the units it would enable are enabled by the script itself)."""
+    return vendor.artifact(ARTIFACT, f"packaging/{name}").read_text().replace("#DEBHELPER#\n", "")
 
 
 def packages() -> list[SimPackage]:
     label = f"{SIMULATED} NVIDIA Container Toolkit {VERSION}"
     lib = f"{LIBDIR}/libnvidia-container.so.{VERSION}"
     golib = f"{LIBDIR}/libnvidia-container-go.so.{VERSION}"
-    config = "/etc/nvidia-container-runtime/config.toml"
+    real = REAL.format(version=VERSION)
+    # Where debian/nvidia-container-toolkit-base.install puts NVIDIA's systemd units and their env file.
+    units = {
+        f"/etc/systemd/system/{name}": SimFile(_real(f"systemd/{name}"))
+        for name in ("nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path")
+    }
+    env_file = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
+    units[env_file] = SimFile(_real("systemd/nvidia-cdi-refresh.env"))
     return [
         SimPackage(
             name="libnvidia-container1",
@@ -93,39 +95,47 @@ def packages() -> list[SimPackage]:
             depends=[f"libnvidia-container1 (>= {FULL})"],
             section="utils",
             homepage=HOMEPAGE,
-            files={"/usr/bin/nvidia-container-cli": tool("ctk", "nvidia-container-cli", nct=VERSION)},
+            files={"/usr/bin/nvidia-container-cli": tool("nvcli", "nvidia-container-cli", nct=VERSION)},
         ),
         SimPackage(
             name="nvidia-container-toolkit-base",
             version=FULL,
             repo=NCT_REPO,
             description="NVIDIA Container Toolkit Base",
-            breaks=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-toolkit (<= 1.10.0-1)"],
-            replaces=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-toolkit (<= 1.10.0-1)"],
+            depends=_control_field("nvidia-container-toolkit-base", "Depends"),
+            breaks=_control_field("nvidia-container-toolkit-base", "Breaks"),
+            replaces=_control_field("nvidia-container-toolkit-base", "Replaces"),
             section="utils",
             homepage=HOMEPAGE,
             files={
-                "/usr/bin/nvidia-ctk": tool("ctk", "nvidia-ctk", nct=VERSION),
-                "/usr/bin/nvidia-container-runtime": tool("ctk", "nvidia-container-runtime", nct=VERSION),
-                "/usr/bin/nvidia-cdi-hook": tool("ctk", "nvidia-cdi-hook", nct=VERSION),
-                config: SimFile(RUNTIME_CONFIG),
+                "/usr/bin/nvidia-ctk": SimFile(_real("bin/nvidia-ctk"), 0o755),
+                "/usr/bin/nvidia-container-runtime": SimFile(_real("bin/nvidia-container-runtime"), 0o755),
+                "/usr/bin/nvidia-cdi-hook": SimFile(_real("bin/nvidia-cdi-hook"), 0o755),
+                **units,
             },
-            conffiles=[config],
+            conffiles=sorted(units),
+            maintainer_scripts={"postinst": _script("nvidia-container-toolkit-base.postinst")},
+            real=real,
         ),
         SimPackage(
             name="nvidia-container-toolkit",
             version=FULL,
             repo=NCT_REPO,
             description="NVIDIA Container toolkit",
-            depends=[f"nvidia-container-toolkit-base (= {FULL})", f"libnvidia-container-tools (>= {FULL})"],
-            breaks=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"],
-            replaces=["nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"],
+            depends=_control_field("nvidia-container-toolkit", "Depends"),
+            breaks=_control_field("nvidia-container-toolkit", "Breaks"),
+            replaces=_control_field("nvidia-container-toolkit", "Replaces"),
             section="utils",
             homepage=HOMEPAGE,
             files={
-                "/usr/bin/nvidia-container-runtime-hook": tool(
-                    "ctk", "nvidia-container-runtime-hook", nct=VERSION
+                "/usr/bin/nvidia-container-runtime-hook": SimFile(
+                    _real("bin/nvidia-container-runtime-hook"), 0o755
                 ),
             },
+            maintainer_scripts={
+                "postinst": _script("nvidia-container-toolkit.postinst"),
+                "postrm": _script("nvidia-container-toolkit.postrm"),
+            },
+            real=real,
         ),
     ]

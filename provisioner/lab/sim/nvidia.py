@@ -17,7 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
+from typing import Any
 
+import yaml
+
+from provisioner.lab import vendor
 from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
 from provisioner.lab.sim.elf import shared_object
 
@@ -26,13 +31,28 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 PYLIB = "/usr/lib/gpuprov-lab/python"
 HOMEPAGE = "https://developer.nvidia.com/cuda-downloads"
 
+CATALOG_REPO = "debian12"
+# CUDA version the driver of a branch reports (nvidia-smi's "CUDA Version"; 580 → 13.0 on the real H200).
+BRANCH_CUDA = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
+
+
+def _catalog() -> dict[str, Any]:
+    """vendor-catalog.yaml: NVIDIA's package names, versions and revisions, with their sources."""
+    return yaml.safe_load((Path(__file__).parent / "vendor-catalog.yaml").read_text())
+
+
+def _debian12_drivers() -> dict[str, tuple[str, str]]:
+    """Driver version → (branch, CUDA version), every release the catalog has for debian12."""
+    out: dict[str, tuple[str, str]] = {}
+    for branch, b in _catalog()["repositories"][CATALOG_REPO]["branches"].items():
+        for version in b["releases"]:
+            out[version] = (branch, BRANCH_CUDA[branch])
+    return out
+
+
 # Driver version → (branch, CUDA version its libcuda reports).
-DRIVERS: dict[str, tuple[str, str]] = {
-    "580.159.04": ("580", "13.0"),
-    "580.95.05": ("580", "13.0"),
-    "570.195.03": ("570", "12.8"),
-}
-DEBIAN_REVISION = "1"
+DRIVERS: dict[str, tuple[str, str]] = _debian12_drivers()
+DEBIAN_REVISION = "1"  # every debian12 release in the catalog
 DCGM_VERSION = "1:4.4.1-1"
 # Module names as built (dkms BUILT_MODULE_NAME) and as the kernel names them.
 KERNEL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
@@ -63,6 +83,17 @@ def _doc(name: str, what: str) -> dict[str, SimFile]:
 
 
 LDCONFIG_TRIGGER = "activate-noawait ldconfig\n"
+MOCK_NVML_PROVENANCE = (
+    "NVIDIA's mock {lib} (github.com/NVIDIA/k8s-test-infra, pkg/gpu/mocknvml and mockcuda: NVIDIA's "
+    "library for testing its GPU stack without GPUs), installed under driver {version}'s file name. It "
+    "answers from the host's simulated GPUs (MOCK_NVML_CONFIG, written while the simulated nvidia module "
+    "is loaded)."
+)
+
+
+def _mock_library(name: str) -> bytes:
+    """NVIDIA's mock NVML / CUDA driver library, from the vendor artifacts."""
+    return vendor.artifact("nvml-mock", f"lib/{name}").read_bytes()
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -244,10 +275,11 @@ def _driver_packages(version: str) -> list[SimPackage]:
             section="non-free/libs",
             homepage=HOMEPAGE,
             files={
-                ml: SimFile(shared_object("libnvidia-ml.so.1", f"{label} libnvidia-ml")),
+                ml: SimFile(_mock_library("libnvidia-ml.so.550.163.01"), 0o644),
                 f"{LIBDIR}/libnvidia-ml.so.1": SimFile(link_to=os.path.basename(ml)),
             },
             maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
+            real=MOCK_NVML_PROVENANCE.format(lib="libnvidia-ml.so", version=version),
         ),
         SimPackage(
             name="libcuda1",
@@ -258,11 +290,12 @@ def _driver_packages(version: str) -> list[SimPackage]:
             section="non-free/libs",
             homepage=HOMEPAGE,
             files={
-                cu: SimFile(shared_object("libcuda.so.1", f"{label} libcuda CUDA {cuda}")),
+                cu: SimFile(_mock_library("libcuda.so.550.163.01"), 0o644),
                 f"{LIBDIR}/libcuda.so.1": SimFile(link_to=os.path.basename(cu)),
                 f"{LIBDIR}/libcuda.so": SimFile(link_to="libcuda.so.1"),
             },
             maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
+            real=MOCK_NVML_PROVENANCE.format(lib="libcuda.so", version=version),
         ),
         SimPackage(
             name="nvidia-smi",
@@ -294,7 +327,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
             homepage=HOMEPAGE,
             files=_doc("nvidia-driver-cuda", label),
         ),
-        _fabricmanager(version),
+        *_fabricmanager(version),
     ]
     return pkgs
 
@@ -439,30 +472,61 @@ TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch
 """
 
 
-def _fabricmanager(version: str) -> SimPackage:
+def _fabricmanager(version: str) -> list[SimPackage]:
+    """The fabric manager and NVSwitch library of a release, named as the catalog says: for the branch up
+    to 575 (nvidia-fabricmanager-570, libnvidia-nscq-570), without it from 580 on."""
     branch, _ = DRIVERS[version]
-    full = f"{version}-{DEBIAN_REVISION}"
-    others = sorted({b for b, _ in DRIVERS.values()} - {branch})
+    b = _catalog()["repositories"][CATALOG_REPO]["branches"][branch]
+    fm_name, nscq_name = b["fabricmanager"]
+    full = f"{version}-{b['fabricmanager_revision']}"
+    # Every other branch's fabric manager: they install the same unit, binary and configuration, so dpkg
+    # may hold only one (the nvidia_driver role removes the other branch's before installing).
+    others = sorted(
+        {
+            name
+            for other, ob in _catalog()["repositories"][CATALOG_REPO]["branches"].items()
+            if other != branch
+            for name in ob["fabricmanager"][:1]
+        }
+        - {fm_name}
+    )
     cfg = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
     label = f"{SIMULATED} fabric manager {version}"
-    return SimPackage(
-        name=f"nvidia-fabricmanager-{branch}",
-        version=full,
-        repo=CUDA_REPO,
-        description="Fabric Manager for NVSwitch based systems.",
-        conflicts=[f"nvidia-fabricmanager-{b}" for b in others],
-        provides=["nvidia-fabricmanager"],
-        section="multiverse/devel",
-        homepage=HOMEPAGE,
-        files={
-            "/usr/bin/nv-fabricmanager": tool("daemons", "nv-fabricmanager", driver=version),
-            cfg: SimFile(FABRICMANAGER_CFG.format(label=label)),
-            "/lib/systemd/system/nvidia-fabricmanager.service": SimFile(FABRICMANAGER_UNIT),
-            **_doc(f"nvidia-fabricmanager-{branch}", label),
-        },
-        conffiles=[cfg],
-        maintainer_scripts=_systemd_scripts("nvidia-fabricmanager.service", start=True),
-    )
+    lib = f"{LIBDIR}/libnvidia-nscq.so.{version}"
+    return [
+        SimPackage(
+            name=fm_name,
+            version=full,
+            repo=CUDA_REPO,
+            description="Fabric Manager for NVSwitch based systems.",
+            conflicts=others,
+            replaces=others,
+            section="multiverse/devel",
+            homepage=HOMEPAGE,
+            files={
+                "/usr/bin/nv-fabricmanager": tool("daemons", "nv-fabricmanager", driver=version),
+                cfg: SimFile(FABRICMANAGER_CFG.format(label=label)),
+                "/lib/systemd/system/nvidia-fabricmanager.service": SimFile(FABRICMANAGER_UNIT),
+                **_doc(fm_name, label),
+            },
+            conffiles=[cfg],
+            maintainer_scripts=_systemd_scripts("nvidia-fabricmanager.service", start=True),
+        ),
+        SimPackage(
+            name=nscq_name,
+            version=full,
+            repo=CUDA_REPO,
+            description="NVSwitch Configuration and Query library",
+            conflicts=[n.replace("nvidia-fabricmanager", "libnvidia-nscq") for n in others],
+            section="multiverse/libs",
+            homepage=HOMEPAGE,
+            files={
+                lib: SimFile(shared_object("libnvidia-nscq.so.2", f"{SIMULATED} libnvidia-nscq {version}")),
+                f"{LIBDIR}/libnvidia-nscq.so.2": SimFile(link_to=f"libnvidia-nscq.so.{version}"),
+            },
+            maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
+        ),
+    ]
 
 
 # -------------------------------------------------------------------------------------------- DCGM

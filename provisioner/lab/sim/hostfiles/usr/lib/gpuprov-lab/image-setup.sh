@@ -23,5 +23,10 @@ divert /bin/lsmod "$BIN/lsmod"
 # util-linux: the machine's kernel log must not show inside a lab host.
 divert /bin/dmesg "$BIN/dmesg"
 
+# NVIDIA's mock NVML (in the lab's driver packages) reads its configuration from MOCK_NVML_CONFIG: set
+# for SSH sessions (pam_env reads /etc/environment) and for every systemd unit (DefaultEnvironment).
+grep -q '^MOCK_NVML_CONFIG=' /etc/environment 2>/dev/null ||
+  echo 'MOCK_NVML_CONFIG=/run/gpuprov-lab/nvml.yaml' >> /etc/environment
+
 python3 -c 'import sys; sys.path.insert(0, "/usr/lib/gpuprov-lab/python"); import gpuprovsim.boot'
 systemctl enable gpuprov-lab-hardware.service gpuprov-lab-faultwatch.service

@@ -281,6 +281,11 @@ def boot(host: core.Host) -> int:
     module_dir = _tmpfs(host, "/sys/module", problems)
     copy_sys_module(real, module_dir)
     shutil.rmtree(real, ignore_errors=True)
+    # The machine's own /proc/driver/nvidia means a real NVIDIA driver in the shared kernel: no device
+    # nodes are made then (they would reach real GPUs); see kmod._render_dev.
+    if host.on_host and host.p("/proc/driver/nvidia").exists():
+        core.write_text(run / "real-nvidia-driver", "the machine running the lab has an NVIDIA driver\n")
+        problems.append("a real NVIDIA driver is loaded on the machine running the lab: no GPU device nodes")
     _tmpfs(host, "/proc/driver", problems)
     with host.locked() as st:
         modules = host.p("/proc/modules")

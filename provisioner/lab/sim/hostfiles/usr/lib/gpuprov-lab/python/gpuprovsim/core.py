@@ -20,6 +20,8 @@ from typing import Any
 
 PROFILE = "/etc/gpuprov-lab/profile.json"
 FAULTS = "/etc/gpuprov-lab/faults.json"
+# NVIDIA's mock NVML configuration of this host's GPUs, without its system section (see kmod._render_nvml).
+NVML_TEMPLATE = "/etc/gpuprov-lab/nvml-mock.yaml"
 RUN = "/run/gpuprov-lab"
 GPU_FAULTS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
 SIMULATED = "SIMULATED (gpuprov lab)"

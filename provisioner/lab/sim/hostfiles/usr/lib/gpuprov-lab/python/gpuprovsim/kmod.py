@@ -417,6 +417,40 @@ def render(host: core.Host, st: dict[str, Any]) -> None:
     _render_proc_driver(host, st)
     _render_pci_drivers(host, st)
     _render_dev(host, st)
+    _render_nvml(host, st)
+
+
+# CUDA version the driver of a branch reports (nvidia-smi's "CUDA Version"; the H200 capture: 580 → 13.0).
+BRANCH_CUDA = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
+
+
+def _render_nvml(host: core.Host, st: dict[str, Any]) -> None:
+    """NVIDIA's mock NVML reads MOCK_NVML_CONFIG (set for every process of a lab host, see
+    /etc/environment and systemd's DefaultEnvironment). While the nvidia module is loaded that file is
+    the host's device description (/etc/gpuprov-lab/nvml-mock.yaml, written by `gpuprov lab up`) with
+    the loaded driver's versions; without the module there is no file and nvmlInit fails."""
+    target = host.run_dir() / "nvml.yaml"
+    version = driver_version(st)
+    template = host.p(core.NVML_TEMPLATE)
+    if version is None or not template.is_file():
+        target.unlink(missing_ok=True)
+        return
+    cuda = BRANCH_CUDA.get(version.split(".")[0], "13.0")
+    major, minor = cuda.split(".")
+    system = (
+        "system:\n"
+        f'  driver_version: "{version}"\n'
+        f'  nvml_version: "{major}.{version}"\n'
+        f'  cuda_version: "{cuda}"\n'
+        f"  cuda_version_major: {int(major)}\n"
+        f"  cuda_version_minor: {int(minor)}\n"
+    )
+    text = system + template.read_text()
+    if not target.is_file() or target.read_text() != text:
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        os.replace(tmp, target)
 
 
 def _render_sys_module(host: core.Host, st: dict[str, Any]) -> None:
@@ -545,6 +579,8 @@ def _render_dev(host: core.Host, st: dict[str, Any]) -> None:
     m = loaded(st, "nvidia")
     if m is None:
         return
+    if (host.run_dir() / "real-nvidia-driver").exists():
+        return  # the shared kernel has a real NVIDIA driver: these nodes would open its real GPUs
     dev = host.p("/dev")
     nodes: list[tuple[str, int, int]] = [("nvidiactl", NVIDIA_MAJOR, 255)]
     for g in host.gpus():
