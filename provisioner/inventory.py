@@ -74,9 +74,10 @@ class Inventory:
 
     def __init__(self, source: Path) -> None:
         self.source = source
-        # Unparsable sources are errors, not warnings: a typo must not silently yield zero hosts.
-        os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
-        os.environ.setdefault("ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED", "True")
+        # Unparsable sources are errors, not warnings: a typo must not silently yield zero hosts. Set on
+        # ansible's constants (read when an inventory is parsed), not through the environment, which
+        # ansible reads only once, when something first imports it.
+        from ansible import constants as C
         from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager
         from ansible.parsing.dataloader import DataLoader
@@ -84,6 +85,8 @@ class Inventory:
 
         if not source.exists():
             raise InputError(f"{source}: inventory not found")
+        C.INVENTORY_UNPARSED_IS_FAILED = True
+        C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
         self._loader = DataLoader()
         try:
             self._manager = InventoryManager(loader=self._loader, sources=[str(source)])

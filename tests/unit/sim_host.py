@@ -28,9 +28,9 @@ HOSTLIB = Path(nvidia.__file__).parent / "hostfiles" / "usr" / "lib" / "gpuprov-
 if str(HOSTLIB) not in sys.path:
     sys.path.insert(0, str(HOSTLIB))
 
-from gpuprovsim import boot, core, ctk, daemons, dcgm, dmesg, kmod, smi, watch  # noqa: E402
+from gpuprovsim import boot, core, daemons, dcgm, dmesg, kmod, nvcli, smi, watch  # noqa: E402
 
-__all__ = ["KERNEL", "SimHost", "boot", "core", "ctk", "daemons", "dcgm", "dmesg", "kmod", "smi", "watch"]
+__all__ = ["KERNEL", "SimHost", "boot", "core", "daemons", "dcgm", "dmesg", "kmod", "nvcli", "smi", "watch"]
 KERNEL = os.uname().release
 DRIVER = "580.159.04"
 

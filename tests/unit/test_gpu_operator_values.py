@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from provisioner.lab import vendor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def _render(expr: str, variables: dict[str, Any]) -> Any:
     return Templar(loader=DataLoader(), variables=trusted).template(trust_as_template(expr))
 
 
-def wanted_values(host_toolkit: bool, nvidia_default: bool, user_values: dict | None = None) -> dict[str, Any]:
+def wanted_values(host_toolkit: bool, nvidia_default: bool, user_values: dict | None = None) -> dict:
     """What the role's two set_fact tasks compute for a fleet of two GPU hosts."""
     decide = _task("Decide who installs the toolkit")
     hosts = ["gpu1", "gpu2"]

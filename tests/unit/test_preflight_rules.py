@@ -133,17 +133,23 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     ),
     "unknown_cuda": (
         "gpu_nodes",
+        {"cuda_toolkit_versions": ["13.2"]},
+        probe([H200]),
+        {"fails": "CUDA 13.2 is not in preflight's compatibility table"},
+    ),
+    "cuda_13_1_needs_590": (
+        "gpu_nodes",
         {"cuda_toolkit_versions": ["13.1"]},
         probe([H200]),
-        {"fails": "CUDA 13.1 is not in preflight's compatibility table"},
+        {"fails": "too old for CUDA 13.1, which needs driver branch 590 or newer"},
     ),
     "unknown_cuda_added": (
         "gpu_nodes",
         {
-            "cuda_toolkit_versions": ["13.1"],
-            "preflight_cuda_min_driver_branch": {"13.1": 590},
-            "nvidia_driver_branch": "590",
-            "nvidia_driver_version": "590.44.01",
+            "cuda_toolkit_versions": ["13.2"],
+            "preflight_cuda_min_driver_branch": {"13.2": 595},
+            "nvidia_driver_branch": "595",
+            "nvidia_driver_version": "595.45.04",
         },
         probe([H200]),
         {"flavor": "open"},

@@ -31,9 +31,12 @@ CONTRACT = {
         for name in DRIVER_NAMES
         for v in ("580.159.04-1", "580.95.05-1", "570.195.03-1")
     },
-    ("nvidia-fabricmanager-580", "580.159.04-1"): "cuda-debian12",
-    ("nvidia-fabricmanager-580", "580.95.05-1"): "cuda-debian12",
+    # From 580 on without the branch in the name (vendor-catalog.yaml, debian12 580).
+    ("nvidia-fabricmanager", "580.159.04-1"): "cuda-debian12",
+    ("nvidia-fabricmanager", "580.95.05-1"): "cuda-debian12",
+    ("libnvidia-nscq", "580.159.04-1"): "cuda-debian12",
     ("nvidia-fabricmanager-570", "570.195.03-1"): "cuda-debian12",
+    ("libnvidia-nscq-570", "570.195.03-1"): "cuda-debian12",
     ("cuda-toolkit-13-0", "13.0.2-1"): "cuda-debian12",
     ("cuda-toolkit-12-8", "12.8.1-1"): "cuda-debian12",
     ("datacenter-gpu-manager-4-core", "1:4.4.1-1"): "cuda-debian12",
@@ -73,12 +76,18 @@ def test_the_contract_packages_are_published_where_the_roles_look() -> None:
     assert catalog.REPOS["helm"] == ("helm-debian/any/", ("dists", "any", "main"))
 
 
+# Packages that carry the vendor's real software (NVIDIA's toolkit binaries and scripts, NVIDIA's mock
+# NVML/CUDA libraries): labelled as lab builds, saying what is real.
+REAL = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-ml1", "libcuda1"}
+
+
 @pytest.mark.parametrize(("name", "version"), sorted(CONTRACT))
-def test_built_packages_carry_name_version_and_the_simulated_label(name: str, version: str) -> None:
+def test_built_packages_carry_name_version_and_their_label(name: str, version: str) -> None:
     f = deb(name, version)
     assert field(f, "Package") == name
     assert field(f, "Version") == version
-    assert field(f, "Description").splitlines()[0].endswith(f" - {debs.SIMULATED}")
+    label = "gpuprov lab build" if name in REAL else debs.SIMULATED
+    assert field(f, "Description").splitlines()[0].endswith(f" - {label}")
     assert "gpuprov" in field(f, "Maintainer")
 
 
@@ -92,9 +101,11 @@ def test_driver_relations() -> None:
     depends = field(deb("nvidia-driver-cuda", v), "Depends")
     assert "nvidia-kernel-open-dkms (= 580.159.04-1) | nvidia-kernel-dkms (= 580.159.04-1)" in depends
     assert "nvidia-smi (= 580.159.04-1)" in depends and "libcuda1 (= 580.159.04-1)" in depends
-    assert field(deb("nvidia-fabricmanager-580", v), "Conflicts") == "nvidia-fabricmanager-570"
+    assert field(deb("nvidia-fabricmanager", v), "Conflicts") == "nvidia-fabricmanager-570"
+    # NVIDIA's own debian/control of 1.18.0.
     assert field(deb("nvidia-container-toolkit", "1.18.0-1"), "Depends") == (
-        "nvidia-container-toolkit-base (= 1.18.0-1), libnvidia-container-tools (>= 1.18.0-1)"
+        "nvidia-container-toolkit-base (= 1.18.0-1), libnvidia-container-tools (= 1.18.0-1), "
+        "libnvidia-container-tools (<< 2.0.0)"
     )
     assert field(deb("linux-headers-amd64", nvidia.headers_package().version), "Depends") == (
         f"linux-headers-{KERNEL} (= {nvidia.headers_package().version})"
@@ -105,7 +116,7 @@ def test_files_sit_at_the_real_paths() -> None:
     v = "580.159.04-1"
     assert "/usr/bin/nvidia-smi" in contents(deb("nvidia-smi", v))
     assert "/lib/systemd/system/nvidia-persistenced.service" in contents(deb("nvidia-persistenced", v))
-    assert "/lib/systemd/system/nvidia-fabricmanager.service" in contents(deb("nvidia-fabricmanager-580", v))
+    assert "/lib/systemd/system/nvidia-fabricmanager.service" in contents(deb("nvidia-fabricmanager", v))
     assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04" in contents(deb("libnvidia-ml1", v))
     assert "/usr/src/nvidia-580.159.04/dkms.conf" in contents(deb("nvidia-kernel-open-dkms", v))
     assert "/usr/local/cuda-13.0/bin/nvcc" in contents(deb("cuda-nvcc-13-0", "13.0.88-1"))
