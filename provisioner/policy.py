@@ -22,7 +22,7 @@ import yaml
 from provisioner.errors import InputError
 from provisioner.probes import SERVICE_UNITS
 
-SUPPORTED_OS: tuple[str, ...] = ("ubuntu 22.04", "ubuntu 24.04", "debian 12")
+SUPPORTED_OS: tuple[str, ...] = ("ubuntu 22.04", "ubuntu 24.04", "debian 12", "debian 13")
 CONTAINER_ENGINES: tuple[str, ...] = ("docker", "containerd")
 
 
