@@ -255,11 +255,19 @@ def lab_up(
     lab: LabOpt = "default",
     hosts: Annotated[
         int | None,
-        typer.Option("--hosts", help="Hosts in total: cp1 plus GPU hosts gpu1..gpuN-1 (default 3)."),
+        typer.Option("--hosts", help="Hosts in total: cp1 plus GPU hosts gpu1..gpuN-1 (default 4)."),
     ] = None,
     profiles: Annotated[
         str | None,
         typer.Option(help="GPU profiles of gpu1, gpu2, ... (comma-separated), e.g. h200,h100-sxm-8,l40s."),
+    ] = None,
+    os_names: Annotated[
+        str | None,
+        typer.Option(
+            "--os",
+            help="Operating systems of gpu1, gpu2, ... (comma-separated): bookworm (containerd 1.6), trixie "
+            "(1.7), trixie-containerd2 (2.x, lab-only); default: one of each in turn (cp1 is bookworm).",
+        ),
     ] = None,
     subnet: Annotated[
         str | None,
@@ -277,6 +285,7 @@ def lab_up(
         lab=lab,
         hosts=hosts,
         profiles=_split(profiles) if profiles is not None else None,
+        os=_split(os_names) if os_names is not None else None,
         subnet=subnet,
         mirror_port=mirror_port,
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from provisioner.errors import InputError, LabError
-from provisioner.lab import engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
+from provisioner.lab import distros, engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
 from provisioner.lab.engine import Docker, Progress, _quiet
 from provisioner.lab.plan import HostSpec
 from provisioner.lab.sim import nvml
@@ -55,6 +55,7 @@ class UpRequest:
     lab: str
     hosts: int | None = None
     profiles: list[str] | None = None
+    os: list[str] | None = None
     subnet: str | None = None
     mirror_port: int | None = None
 
@@ -94,6 +95,13 @@ def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ip
             f"--profiles: {len(profiles)} profiles for {count - 1} GPU host(s); "
             f"use --hosts {len(profiles) + 1}"
         )
+    if req.os is not None:
+        for name in req.os:
+            distros.get(name)
+        if len(req.os) > count - 1:
+            raise InputError(
+                f"--os: {len(req.os)} systems for {count - 1} GPU host(s); use --hosts {len(req.os) + 1}"
+            )
     refuse_real_nvidia_driver()
     return existing, count, profiles, net
 
@@ -120,10 +128,16 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
     with state.lock():
         docker = engine.ensure_engine(progress)
         key = keys.ensure_archive_key()
-        rootfs = image.ensure_rootfs(progress)
-        base = image.ensure_base_image(docker, rootfs, progress)
-        engine.ensure_privileged(docker, base, progress)
-        host_image = image.ensure_host_image(docker, base, key.public, progress)
+        # One host image per Debian release; the mirror serves every flavour's archive suite.
+        rootfs = {suite: image.ensure_rootfs(progress, suite) for suite in image.SUITES}
+        bases = {
+            suite: image.ensure_base_image(docker, rootfs[suite], progress, suite) for suite in image.SUITES
+        }
+        engine.ensure_privileged(docker, bases[image.SUITE], progress)
+        host_images = {
+            s: image.ensure_host_image(docker, bases[s], key.public, progress) for s in image.SUITES
+        }
+        image.prune_host_images(docker, keep=set(host_images.values()))
         mirror_dir = mirror.ensure_mirror(rootfs, key, progress)
 
         lp = paths.LabPaths(req.lab)
@@ -136,10 +150,10 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
                 req.mirror_port or (st.mirror_port if st else DEFAULT_MIRROR_PORT),
                 progress,
             )
-        st.image = host_image  # what new hosts are made from
+        st.images = host_images  # what new hosts are made from, per Debian release
         st.mirror_dir = str(mirror_dir)
         old_hosts = {h.name: h for h in st.hosts}
-        specs = plan.plan(count, st.network, profiles, old_hosts)
+        specs = plan.plan(count, st.network, profiles, old_hosts, req.os)
         st.hosts = sorted({**old_hosts, **{h.name: h for h in specs}}.values(), key=lambda h: h.index)
         st.save()  # from here on, `lab down` can find everything even if the rest fails
 
@@ -161,11 +175,17 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
         todo_create = [h for h in specs if h.name not in present]
         todo_start = [h for h in specs if h.name in present and present[h.name] != "running"]
         if todo_create:
-            progress(f"hosts: creating {', '.join(h.name for h in todo_create)} from {host_image}")
+            made = ", ".join(f"{h.name} ({h.os})" for h in todo_create)
+            progress(f"hosts: creating {made}")
         if todo_start:
             progress(f"hosts: starting {', '.join(h.name for h in todo_start)}")
         auth = ssh_key.with_suffix(".pub").read_text()
-        _parallel(lambda h: _create_host(docker, st, h, host_image, auth, host_keys[h.name]), todo_create)
+        _parallel(
+            lambda h: _create_host(
+                docker, st, h, host_images[distros.get(h.os).suite], auth, host_keys[h.name]
+            ),
+            todo_create,
+        )
         _parallel(
             lambda h: docker("start", lp.container(h.name), what=f"docker start ({h.name})"), todo_start
         )
@@ -347,7 +367,7 @@ def host_files(st: LabState, h: HostSpec, authorized_key: str, host_key: tuple[P
             (
                 "etc/apt/sources.list.d/debian.sources",
                 DEBIAN_SOURCES.format(
-                    url=st.mirror_url, suite=image.SUITE, keyring=image.ARCHIVE_KEYRING
+                    url=st.mirror_url, suite=distros.get(h.os).archive_suite, keyring=image.ARCHIVE_KEYRING
                 ).encode(),
                 0o644,
                 None,

@@ -20,7 +20,10 @@ from provisioner.errors import LabError
 from provisioner.lab import paths, proc
 from provisioner.lab.engine import Docker, Progress, _quiet
 
+# The Debian release of the machine's own apt sources (the archive URL is found from them) and the lab's
+# default host release; hosts may run other releases (provisioner.lab.distros).
 SUITE = "bookworm"
+SUITES = ("bookworm", "trixie")
 ROOTFS_PACKAGES = [
     "systemd",
     "systemd-sysv",
@@ -161,17 +164,23 @@ def _mirror_from_sources(etc_apt: Path) -> str | None:
     return None
 
 
-def rootfs_stamp() -> str:
-    return paths.digest(SUITE, "minbase", *ROOTFS_PACKAGES)[:12]
+def _suite(suite: str) -> str:
+    if suite not in SUITES:
+        raise LabError(f"the lab builds host images of {', '.join(SUITES)}, not {suite!r}")
+    return suite
 
 
-def rootfs_dir() -> Path:
-    return paths.cache_root() / "rootfs" / f"{SUITE}-{rootfs_stamp()}"
+def rootfs_stamp(suite: str = SUITE) -> str:
+    return paths.digest(_suite(suite), "minbase", *ROOTFS_PACKAGES)[:12]
 
 
-def ensure_rootfs(progress: Progress = _quiet) -> Path:
-    """Debootstrap the host rootfs once (minbase + what sshd/systemd/Ansible need); cached."""
-    target = rootfs_dir()
+def rootfs_dir(suite: str = SUITE) -> Path:
+    return paths.cache_root() / "rootfs" / f"{suite}-{rootfs_stamp(suite)}"
+
+
+def ensure_rootfs(progress: Progress = _quiet, suite: str = SUITE) -> Path:
+    """Debootstrap the host rootfs of a Debian release once (minbase + what sshd/systemd/Ansible need)."""
+    target = rootfs_dir(suite)
     if (target / "sbin" / "init").exists():
         return target
     if not shutil.which("debootstrap"):
@@ -179,17 +188,17 @@ def ensure_rootfs(progress: Progress = _quiet) -> Path:
     mirror = debian_mirror_url()
     target.parent.mkdir(parents=True, exist_ok=True)
     for old in target.parent.iterdir():
-        if old.name.startswith(f"{SUITE}-") and old != target:
+        if old.name.startswith(f"{suite}-") and old != target:
             shutil.rmtree(old, ignore_errors=True)
     tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"image: debootstrap {SUITE} (minbase) into {target} (once; takes a minute or two)")
+    progress(f"image: debootstrap {suite} (minbase) into {target} (once; takes a minute or two)")
     proc.run(
         [
             "debootstrap",
             "--variant=minbase",
             f"--include={','.join(ROOTFS_PACKAGES)}",
-            SUITE,
+            suite,
             str(tmp),
             mirror,
         ],
@@ -208,8 +217,8 @@ def _image_exists(docker: Docker, tag: str) -> bool:
     return docker.ok("image", "inspect", "--format", "{{.Id}}", tag)
 
 
-def ensure_base_image(docker: Docker, rootfs: Path, progress: Progress = _quiet) -> str:
-    tag = f"{BASE_REPO}:{SUITE}-{rootfs_stamp()}"
+def ensure_base_image(docker: Docker, rootfs: Path, progress: Progress = _quiet, suite: str = SUITE) -> str:
+    tag = f"{BASE_REPO}:{suite}-{rootfs_stamp(suite)}"
     if _image_exists(docker, tag):
         return tag
     progress(f"image: importing the rootfs as {tag}")
@@ -280,12 +289,11 @@ def ensure_host_image(docker: Docker, base: str, archive_key: bytes, progress: P
             res = docker(*argv, timeout=900, check=False, env=env)
         if res.returncode != 0:
             raise LabError(f"docker build of the lab host image failed: {proc.tail(res.stderr)}")
-    _prune(docker, HOST_REPO, keep=tag)
     return tag
 
 
-def _prune(docker: Docker, repo: str, keep: str) -> None:
-    """Remove older tags of our own image (ones still used by a container stay)."""
-    for ref in docker.lines("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo):
-        if ref != keep:
+def prune_host_images(docker: Docker, keep: set[str]) -> None:
+    """Remove older host images (one per Debian release is current; ones still used by a container stay)."""
+    for ref in docker.lines("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", HOST_REPO):
+        if ref not in keep:
             docker("image", "rm", ref, check=False)

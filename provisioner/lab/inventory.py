@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from provisioner.lab import keys, plan
+from provisioner.lab import distros, keys, plan
 from provisioner.lab.mirror import KEY_NAME
 from provisioner.lab.state import LabState
 
@@ -20,7 +20,17 @@ def document(st: LabState) -> dict[str, Any]:
 
     def host_vars(name: str) -> dict[str, Any]:
         h = st.host(name)
-        return {"ansible_host": h.ip, "gpuprov_lab_profile": h.profile, "gpuprov_lab_gpu_count": h.gpu_count}
+        flavour = distros.get(h.os)
+        # What NVIDIA's repositories for the host's release need (Debian 13: driver 590, CUDA 13.1), as a
+        # real site on that release must set it; GPU hosts only.
+        settings = dict(flavour.host_vars) if h.is_gpu else {}
+        return {
+            "ansible_host": h.ip,
+            **settings,
+            "gpuprov_lab_profile": h.profile,
+            "gpuprov_lab_gpu_count": h.gpu_count,
+            "gpuprov_lab_os": h.os,
+        }
 
     cps = [h.name for h in st.hosts if not h.is_gpu]
     gpus = [h.name for h in st.hosts if h.is_gpu]

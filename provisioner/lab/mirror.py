@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import LabError
-from provisioner.lab import image, keys, paths, proc, state, vendor
+from provisioner.lab import distros, image, keys, paths, proc, state, vendor
 from provisioner.lab.engine import Progress, _quiet
 from provisioner.lab.keys import ArchiveKey
 
@@ -53,6 +53,8 @@ DISTRO_PACKAGES = [
     "apt-transport-https",
     "ipset",
     "ipvsadm",
+    # Not for the roles: the root filesystem of the tests' real containers (ctr run --rootfs).
+    "busybox-static",
 ]
 KEY_NAME = "gpuprov-lab-archive"
 # Inside a built sim part: sim packages that belong in the Debian archive (e.g. kernel headers).
@@ -75,8 +77,8 @@ def mirrors_root() -> Path:
     return paths.cache_root() / "mirror"
 
 
-def debs_cache() -> Path:
-    return paths.cache_root() / "debs" / SUITE
+def debs_cache(suite: str = SUITE) -> Path:
+    return paths.cache_root() / "debs" / suite
 
 
 # ---------------------------------------------------------------------------------------------- signing
@@ -127,9 +129,14 @@ def index_flat(repo: Path, key: ArchiveKey, gpg: list[str], label: str) -> None:
     sign_release(repo, key, gpg, {"Origin": label, "Label": label})
 
 
-def index_dists(repo: Path, suite: str, component: str, key: ArchiveKey, gpg: list[str], label: str) -> None:
-    """dists/ repository: pool/<component>/*.deb indexed into dists/<suite>/<component>/binary-amd64."""
-    text = _run_in(repo, ["apt-ftparchive", "packages", f"pool/{component}"], "apt-ftparchive packages")
+def index_dists(
+    repo: Path, suite: str, component: str, key: ArchiveKey, gpg: list[str], label: str, pool: str = ""
+) -> None:
+    """dists/ repository: pool/<component>/*.deb (or the pool directory given) indexed into
+    dists/<suite>/<component>/binary-amd64."""
+    text = _run_in(
+        repo, ["apt-ftparchive", "packages", pool or f"pool/{component}"], "apt-ftparchive packages"
+    )
     dist = repo / "dists" / suite
     _write_packages(dist / component / f"binary-{ARCH}", text)
     sign_release(
@@ -188,6 +195,8 @@ def _package_repos(pkg: Any) -> list[str]:
 def vendor_key_paths(repo: SimRepo) -> list[str]:
     """Where the vendor publishes the key of this repository, relative to the mirror base."""
     p = repo.path
+    if p.startswith("cuda/repos/debian13/"):
+        return [f"{p}/8793F200.pub"]  # NVIDIA signs its debian13 repository with a key of its own
     if p.startswith("cuda/repos/"):
         return [f"{p}/3bf863cc.pub"]
     if p.startswith("libnvidia-container/"):
@@ -322,25 +331,44 @@ mount --bind "$DEBS" "$MERGED/var/cache/apt/archives"
 mount -t proc proc "$MERGED/proc"
 cp /etc/resolv.conf "$MERGED/etc/resolv.conf"
 printf 'deb %s %s main\n' "$MIRROR" "$SUITE" > "$MERGED/etc/apt/sources.list"
-rm -f "$MERGED"/etc/apt/sources.list.d/*
+for s in $OTHER_SUITES; do printf 'deb %s %s main\n' "$MIRROR" "$s" >> "$MERGED/etc/apt/sources.list"; done
+rm -f "$MERGED"/etc/apt/sources.list.d/* "$MERGED"/etc/apt/preferences.d/*
 cp "$APTCONF" "$MERGED/etc/apt/apt.conf.d/00gpuprov-resolver"
+cp "$PREFERENCES" "$MERGED/etc/apt/preferences.d/00gpuprov-resolver"
 chroot "$MERGED" apt-get -q update >&2
 chroot "$MERGED" apt-get -s --no-install-recommends install $PACKAGES
 chroot "$MERGED" apt-get -q -y --download-only --no-install-recommends install $PACKAGES >&2
 """
 
 
-def resolve_debian(packages: Iterable[str], rootfs: Path, progress: Progress) -> list[Path]:
-    """Download (cached) the .debs a lab host needs to install packages; return exactly that set."""
+def resolve_debian(
+    packages: Iterable[str], flavour: distros.Flavour, rootfs: Path, progress: Progress
+) -> list[Path]:
+    """Download (cached) the .debs a lab host of this flavour needs to install packages; return exactly
+    that set. Packages the flavour takes from another suite come from there (apt pins them to it;
+    nothing else of that suite is chosen)."""
     names = sorted(set(packages))
-    work = paths.cache_root() / "resolver" / image.rootfs_stamp()
+    work = paths.cache_root() / "resolver" / f"{flavour.name}-{image.rootfs_stamp(flavour.suite)}"
     for sub in ("upper", "work", "merged"):
         (work / sub).mkdir(parents=True, exist_ok=True)
-    cache = debs_cache()
+    cache = debs_cache(flavour.name)
     (cache / "partial").mkdir(parents=True, exist_ok=True)
     aptconf = work / "apt.conf"
     aptconf.write_text(_host_apt_settings())
-    progress(f"mirror: resolving {len(names)} Debian packages and their dependencies (downloads are cached)")
+    others = sorted({suite for _name, suite in flavour.from_suite})
+    preferences = work / "preferences"
+    preferences.write_text(
+        "".join(
+            f"Package: *\nPin: release n={suite}\nPin-Priority: 1\n\n"
+            f"Package: {' '.join(n for n, s in flavour.from_suite if s == suite)}\n"
+            f"Pin: release n={suite}\nPin-Priority: 990\n\n"
+            for suite in others
+        )
+    )
+    progress(
+        f"mirror: resolving {len(names)} Debian packages for {flavour.name} hosts and their dependencies "
+        "(downloads are cached)"
+    )
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "ROOTFS": str(rootfs),
@@ -349,8 +377,10 @@ def resolve_debian(packages: Iterable[str], rootfs: Path, progress: Progress) ->
         "MERGED": str(work / "merged"),
         "DEBS": str(cache),
         "MIRROR": image.debian_mirror_url(),
-        "SUITE": SUITE,
+        "SUITE": flavour.suite,
+        "OTHER_SUITES": " ".join(others),
         "APTCONF": str(aptconf),
+        "PREFERENCES": str(preferences),
         "PACKAGES": " ".join(names),
         "DEBIAN_FRONTEND": "noninteractive",
         "LC_ALL": "C",
@@ -359,7 +389,7 @@ def resolve_debian(packages: Iterable[str], rootfs: Path, progress: Progress) ->
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", RESOLVE_SCRIPT],
         env=env,
         timeout=1800,
-        what="apt-get --download-only in the rootfs overlay",
+        what=f"apt-get --download-only in the {flavour.suite} rootfs overlay",
     )
     (cache / "lock").unlink(missing_ok=True)
     debs: list[Path] = []
@@ -374,25 +404,30 @@ def resolve_debian(packages: Iterable[str], rootfs: Path, progress: Progress) ->
     return debs
 
 
-def resolved_debs(resolution: str, wanted: list[str], rootfs: Path, progress: Progress) -> list[Path]:
-    """The Debian .debs for a package list, resolved once per list and rootfs (the record names them)."""
+def resolved_debs(
+    resolution: str, wanted: list[str], flavour: distros.Flavour, rootfs: Path, progress: Progress
+) -> list[Path]:
+    """The Debian .debs for a package list, resolved once per list, flavour and rootfs (a record names
+    them)."""
     record = paths.cache_root() / "resolver" / f"resolved-{resolution}.txt"
     if record.exists():
-        files = [debs_cache() / name for name in record.read_text().split()]
+        files = [debs_cache(flavour.name) / name for name in record.read_text().split()]
         if files and all(f.exists() for f in files):
             return files
-    debs = resolve_debian(wanted, rootfs, progress)
+    debs = resolve_debian(wanted, flavour, rootfs, progress)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text("".join(f"{d.name}\n" for d in debs))
     return debs
 
 
-def build_debian_part(target: Path, debs: list[Path], key: ArchiveKey, gpg: list[str]) -> None:
-    pool = target / "pool" / "main"
+def build_debian_part(target: Path, suite: str, debs: list[Path], key: ArchiveKey, gpg: list[str]) -> None:
+    """One suite of the lab's Debian archive: pool/<suite>/*.deb, dists/<suite>/main."""
+    pool = target / "pool" / suite
     pool.mkdir(parents=True)
     for deb in debs:
-        os.link(deb, pool / deb.name)
-    index_dists(target, SUITE, "main", key, gpg, "gpuprov lab Debian")
+        if not (pool / deb.name).exists():
+            os.link(deb, pool / deb.name)
+    index_dists(target, suite, "main", key, gpg, f"gpuprov lab Debian ({suite})", pool=f"pool/{suite}")
 
 
 # ----------------------------------------------------------------------------------------- the mirror
@@ -403,12 +438,14 @@ def _link_tree(src: Path, dst: Path) -> None:
     proc.run(["cp", "-al", f"{src}/.", str(dst)], what="cp -al")
 
 
-def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) -> Path:
-    """The mirror directory for the current inputs (built when they changed)."""
+def ensure_mirror(rootfs: dict[str, Path], key: ArchiveKey, progress: Progress = _quiet) -> Path:
+    """The mirror directory for the current inputs (built when they changed). ``rootfs``: the host root
+    filesystem of each Debian release, in which its packages are resolved."""
     parts = paths.cache_root() / "mirror-parts"
     parts.mkdir(parents=True, exist_ok=True)
     sim_hash = _digest(FORMAT, key.fingerprint, sim_inputs_digest())
     sim_part = parts / f"sim-{sim_hash}"
+    deb_parts: list[Path] = []
     with keys.gpg_session(key.gnupghome) as gpg:
         if not (sim_part / ".complete").exists():
             shutil.rmtree(sim_part, ignore_errors=True)
@@ -421,18 +458,32 @@ def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) ->
         sim_depends = (sim_part / ".sim-depends").read_text().split()
         wanted = sorted(set(DISTRO_PACKAGES) | set(sim_depends))
         sim_debian = sorted((sim_part / DEBIAN_POOL).glob("*.deb"))
-        resolution = _digest(FORMAT, image.rootfs_stamp(), *wanted)
-        deb_hash = _digest(FORMAT, key.fingerprint, resolution, *paths.tree_manifest(sim_part / DEBIAN_POOL))
-        deb_part = parts / f"debian-{deb_hash}"
-        if not (deb_part / ".complete").exists():
-            shutil.rmtree(deb_part, ignore_errors=True)
-            debs = resolved_debs(resolution, wanted, rootfs, progress)
-            tmp = parts / f".debian-{deb_hash}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            build_debian_part(tmp, debs + sim_debian, key, gpg)
-            (tmp / ".complete").touch()
-            os.replace(tmp, deb_part)
-    mirror_hash = _digest(FORMAT, sim_hash, deb_hash)
+        # One archive suite per host flavour (its Debian release, some packages from another suite).
+        for flavour in distros.FLAVOURS.values():
+            resolution = _digest(
+                FORMAT,
+                flavour.name,
+                image.rootfs_stamp(flavour.suite),
+                *wanted,
+                *flavour.packages,
+                *map(str, flavour.from_suite),
+            )
+            deb_hash = _digest(
+                FORMAT, key.fingerprint, resolution, *paths.tree_manifest(sim_part / DEBIAN_POOL)
+            )
+            deb_part = parts / f"debian-{flavour.name}-{deb_hash}"
+            if not (deb_part / ".complete").exists():
+                shutil.rmtree(deb_part, ignore_errors=True)
+                debs = resolved_debs(
+                    resolution, wanted + list(flavour.packages), flavour, rootfs[flavour.suite], progress
+                )
+                tmp = parts / f".debian-{flavour.name}-{deb_hash}.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                build_debian_part(tmp, flavour.archive_suite, debs + sim_debian, key, gpg)
+                (tmp / ".complete").touch()
+                os.replace(tmp, deb_part)
+            deb_parts.append(deb_part)
+    mirror_hash = _digest(FORMAT, sim_hash, *(p.name for p in deb_parts))
     target = mirrors_root() / mirror_hash
     if (target / ".complete").exists():
         return target
@@ -440,14 +491,15 @@ def ensure_mirror(rootfs: Path, key: ArchiveKey, progress: Progress = _quiet) ->
     tmp = mirrors_root() / f".{mirror_hash}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "debian").mkdir(parents=True)
-    _link_tree(deb_part, tmp / "debian")
+    for deb_part in deb_parts:
+        _link_tree(deb_part, tmp / "debian")
     _link_tree(sim_part, tmp)
     for marker in (".complete", ".sim-depends", "debian/.complete"):
         (tmp / marker).unlink(missing_ok=True)
     shutil.rmtree(tmp / DEBIAN_POOL, ignore_errors=True)
     _write(tmp / f"{KEY_NAME}.asc", key.armored)
     _write(tmp / f"{KEY_NAME}.gpg", key.public)
-    (tmp / ".parts").write_text(f"{sim_part.name}\n{deb_part.name}\n")
+    (tmp / ".parts").write_text("".join(f"{p.name}\n" for p in (sim_part, *deb_parts)))
     (tmp / ".complete").touch()
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)

@@ -2,8 +2,10 @@
 is touched).
 
 Hosts are ``cp1`` (the Kubernetes control plane, no GPU) and ``gpu1..gpuN-1``; workers take the
-profiles given, else the default order of docs/contracts.md. The profiles themselves (GPU counts, the
-``profile.json`` document the in-host emulation reads) come from :mod:`provisioner.lab.sim.profiles`.
+profiles given, else the default order of docs/contracts.md, and the operating systems given
+(``--os``), else one of each containerd generation in turn (:mod:`provisioner.lab.distros`). The
+profiles themselves (GPU counts, the ``profile.json`` document the in-host emulation reads) come from
+:mod:`provisioner.lab.sim.profiles`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from types import ModuleType
 from typing import Any
 
 from provisioner.errors import InputError, LabError
+from provisioner.lab import distros
 
 CONTROL_PLANE = "cp1"
 NO_GPU = "cpu"  # the control plane's profile: a host without GPUs
 DEFAULT_WORKER_PROFILES = ("h200", "h100-sxm-8", "a100-4", "l40s")
 MAX_HOSTS = 64
-DEFAULT_HOSTS = 3
+# cp1 and one GPU host of each containerd generation.
+DEFAULT_HOSTS = 4
 FIRST_HOST_OCTET = 10
 
 
@@ -31,6 +35,7 @@ class HostSpec:
     ip: str
     profile: str
     gpu_count: int
+    os: str = distros.CONTROL_PLANE_FLAVOUR
 
     @property
     def is_gpu(self) -> bool:
@@ -41,7 +46,10 @@ class HostSpec:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> HostSpec:
-        return cls(**{k: doc[k] for k in ("name", "index", "ip", "profile", "gpu_count")})
+        return cls(
+            **{k: doc[k] for k in ("name", "index", "ip", "profile", "gpu_count")},
+            os=doc.get("os", distros.CONTROL_PLANE_FLAVOUR),
+        )
 
 
 def sim_profiles() -> ModuleType:
@@ -121,8 +129,10 @@ def plan(
     net: ipaddress.IPv4Network,
     profiles: list[str] | None,
     existing: dict[str, HostSpec],
+    oses: list[str] | None = None,
 ) -> list[HostSpec]:
-    """The hosts a lab should have: existing ones keep their profile unless --profiles says otherwise."""
+    """The hosts a lab should have: existing ones keep their profile and OS unless --profiles / --os say
+    otherwise."""
     workers = count - 1
     if profiles is not None and len(profiles) > workers:
         raise InputError(
@@ -142,5 +152,14 @@ def plan(
             profile = DEFAULT_WORKER_PROFILES[(index - 1) % len(DEFAULT_WORKER_PROFILES)]
         if profile != NO_GPU and profile not in gpu_counts:
             raise LabError(f"host {name}: profile {profile!r} is not in provisioner.lab.sim.profiles")
-        specs.append(HostSpec(name, index, host_ip(net, index), profile, gpu_counts.get(profile, 0)))
+        if index == 0:
+            os_name = distros.CONTROL_PLANE_FLAVOUR
+        elif oses is not None:
+            os_name = oses[(index - 1) % len(oses)]
+        elif name in existing:
+            os_name = existing[name].os
+        else:
+            order = distros.DEFAULT_WORKER_FLAVOURS
+            os_name = order[(index - 1) % len(order)]
+        specs.append(HostSpec(name, index, host_ip(net, index), profile, gpu_counts.get(profile, 0), os_name))
     return specs

@@ -26,7 +26,7 @@ class LabState:
     subnet: str
     gateway: str
     mirror_port: int
-    image: str = ""
+    images: dict[str, str] = field(default_factory=dict)  # Debian release → host image tag
     mirror_dir: str = ""
     hosts: list[HostSpec] = field(default_factory=list)
 
@@ -57,7 +57,7 @@ class LabState:
             "subnet": self.subnet,
             "gateway": self.gateway,
             "mirror_port": self.mirror_port,
-            "image": self.image,
+            "images": self.images,
             "mirror_dir": self.mirror_dir,
             "hosts": [h.to_json() for h in self.hosts],
         }
@@ -85,7 +85,7 @@ def load(name: str) -> LabState | None:
         subnet=doc["subnet"],
         gateway=doc["gateway"],
         mirror_port=int(doc["mirror_port"]),
-        image=doc.get("image", ""),
+        images=dict(doc.get("images") or {}),
         mirror_dir=doc.get("mirror_dir", ""),
         hosts=[HostSpec.from_json(h) for h in doc.get("hosts", [])],
     )

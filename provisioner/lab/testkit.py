@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-LAB_HOSTS = 3
+# cp1 and one GPU host of each containerd generation (the default lab).
+LAB_HOSTS = 4
 
 
 def gpuprov(
@@ -39,6 +40,7 @@ class LabHost:
     ip: str
     profile: str
     gpu_count: int
+    os: str = "bookworm"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class Lab:
             check=False,
         )
 
+    def hosts_on(self, *oses: str) -> list[str]:
+        """The GPU hosts running one of these lab OS flavours (bookworm, trixie, trixie-containerd2)."""
+        return [n for n, h in self.hosts.items() if h.gpu_count and h.os in oses]
+
     def cli(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
         """`gpuprov <args> --lab <this lab>`."""
         return gpuprov(*args, "--lab", self.name, timeout=timeout)
@@ -98,7 +104,11 @@ def lab_from_inventory(name: str, inventory: Path) -> Lab:
     for group in ("kube_control_plane", "gpu_nodes"):
         for host, hv in (doc["children"][group].get("hosts") or {}).items():
             hosts[host] = LabHost(
-                host, hv["ansible_host"], hv["gpuprov_lab_profile"], hv["gpuprov_lab_gpu_count"]
+                host,
+                hv["ansible_host"],
+                hv["gpuprov_lab_profile"],
+                hv["gpuprov_lab_gpu_count"],
+                hv.get("gpuprov_lab_os", "bookworm"),
             )
     args = common["ansible_ssh_common_args"].split()
     known = next(a.split("=", 1)[1] for a in args if a.startswith("UserKnownHostsFile="))

@@ -142,14 +142,21 @@ def test_up_requests_are_validated_before_anything_is_touched() -> None:
 
 @pytest.mark.lab
 def test_every_host_answers_ssh_with_host_key_checking(lab: Lab) -> None:
-    assert sorted(lab.hosts) == ["cp1", "gpu1", "gpu2"]
-    for name in lab.hosts:
+    assert sorted(lab.hosts) == ["cp1", "gpu1", "gpu2", "gpu3"]
+    release = {"bookworm": "12.", "trixie": "13.", "trixie-containerd2": "13."}
+    for name, host in lab.hosts.items():
         res = lab.ssh(name, "hostname; systemctl is-system-running; cat /etc/debian_version")
         assert res.returncode == 0, res.stderr
         hostname, system, version = res.stdout.split()
         assert hostname == name
         assert system == "running"
-        assert version.startswith("12.")
+        assert version.startswith(release[host.os]), (name, host.os, version)
+    # One GPU host of each containerd generation, from Debian's own packages.
+    oses = sorted(h.os for h in lab.hosts.values() if h.gpu_count)
+    assert oses == ["bookworm", "trixie", "trixie-containerd2"]
+    for name in lab.hosts_on("trixie-containerd2"):
+        res = lab.ssh(name, "apt-cache policy containerd | sed -n 's/ *Candidate: //p'")
+        assert res.stdout.startswith("2."), res.stdout
 
 
 @pytest.mark.lab
@@ -194,14 +201,14 @@ def test_inventory_groups_hosts_and_points_at_the_lab_mirror(lab: Lab) -> None:
     doc = yaml.safe_load(lab.inventory.read_text())["all"]
     children = doc["children"]
     assert list(children["kube_control_plane"]["hosts"]) == ["cp1"]
-    assert list(children["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2"]
+    assert list(children["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2", "gpu3"]
     assert set(children["k8s_cluster"]["children"]) == {"kube_control_plane", "gpu_nodes"}
     v = doc["vars"]
     assert v["ansible_user"] == "root"
     assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
     assert lab.hosts["cp1"].gpu_count == 0
     profiles = plan.sim_profiles().PROFILES
-    for name in ("gpu1", "gpu2"):
+    for name in ("gpu1", "gpu2", "gpu3"):
         h = lab.hosts[name]
         assert h.profile == plan.DEFAULT_WORKER_PROFILES[int(name[3:]) - 1]
         assert h.gpu_count == profiles[h.profile].gpu_count
@@ -279,7 +286,9 @@ def test_vendor_repositories_follow_the_mirror_layout_and_are_signed(lab: Lab, t
 
 @pytest.mark.lab
 def test_simulated_driver_from_the_mirror_answers_nvidia_smi(lab: Lab) -> None:
-    host = lab.hosts["gpu1"]
+    name = lab.hosts_on("bookworm")[0]
+    host = lab.hosts[name]
+    model = {"h200": "H200", "h100-sxm-8": "H100", "a100-4": "A100", "l40s": "L40S"}[host.profile]
     repo = f"{lab.mirror_url}/cuda/repos/debian12/x86_64/"
     cmd = (
         "set -e; "
@@ -293,14 +302,14 @@ def test_simulated_driver_from_the_mirror_answers_nvidia_smi(lab: Lab) -> None:
         "nvidia-smi -L"
     )
     try:
-        res = lab.ssh("gpu1", cmd)
+        res = lab.ssh(name, cmd)
         assert res.returncode == 0, res.stdout + res.stderr
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("GPU ")]
         assert len(lines) == host.gpu_count
-        assert all("H200" in ln for ln in lines), lines
-        assert lines[0].startswith("GPU 0: NVIDIA H200 (UUID: GPU-")
+        assert all(model in ln for ln in lines), lines
+        assert lines[0].startswith(f"GPU 0: NVIDIA {model}")
     finally:
-        lab.ssh("gpu1", "rm -f /etc/apt/sources.list.d/cuda-lab-test.sources")
+        lab.ssh(name, "rm -f /etc/apt/sources.list.d/cuda-lab-test.sources")
 
 
 @pytest.mark.lab

@@ -1,12 +1,14 @@
-"""`gpuprov upgrade-driver` on the lab: 570 → 580 across the GPU hosts, node by node, through the real CLI.
+"""`gpuprov upgrade-driver` on the lab, node by node, through the real CLI.
 
-Uses the session lab of tests/conftest.py (cp1 + two GPU hosts). The module bootstraps it with the driver
-pinned to 570 (group_vars in a copy of the lab's inventory directory), then, in this order:
-dry run (nothing changes) → a drain that times out (`drain-block`: host failed, uncordoned, untouched) →
-an install that fails (`install-fail`, --max-fail 0: the rollout stops, the other host is untouched and
-schedulable) → --resume once the fault is cleared (the rest completes, batch after batch) → a rerun
-(every host already at the target: skipped). It leaves the lab on the role's default driver, uncordoned
-and without faults.
+Uses the session lab of tests/conftest.py (cp1 + a GPU host per containerd generation). The Debian 13
+GPU hosts (NVIDIA's debian13 repository: driver 590 and later) roll from 590.48.01 to 595.91.07; in this
+order: dry run (nothing changes) → a drain that times out (`drain-block`: host failed, uncordoned,
+untouched) → an install that fails (`install-fail`, --max-fail 0: the rollout stops, the other host is
+untouched and schedulable) → --resume once the fault is cleared (the rest completes, batch after batch) →
+a rerun (every host already at the target: skipped). The Debian 12 host with NVSwitches is bootstrapped
+at 570 (group_vars in a copy of the lab's inventory directory) and moved to 580: a branch switch, whose
+fabric manager changes its package name (nvidia-fabricmanager-570 → nvidia-fabricmanager). The module
+leaves every host uncordoned and without faults.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from provisioner.lab.testkit import Lab, gpuprov
 pytestmark = pytest.mark.lab
 LAB_PHASE = "reprovisions"  # see tests/conftest.py
 
-OLD = "570.195.03"
-NEW = "580.159.04"  # the nvidia_driver role's default: what `--to 580` resolves to
+# The Debian 13 hosts: the lab inventory's 590 release, then the next one NVIDIA's debian13 repository has.
+OLD = "590.48.01"
+NEW = "595.91.07"
+# The Debian 12 host: 570 before, the nvidia_driver role's default (what `--to 580` resolves to) after.
+OLD_DEBIAN12 = "570.195.03"
+NEW_DEBIAN12 = "580.159.04"
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 NEEDS_FILES = (
     PLAYBOOKS_DIR / "site.yml",
@@ -52,11 +58,14 @@ class Fleet570:
     lab: Lab
     inventory: Path
     home: Path
-    gpu_hosts: list[str]
+    gpu_hosts: list[str]  # the Debian 13 GPU hosts, which roll together
+    debian12_hosts: list[str]
 
     def upgrade(self, *args: str, timeout: float = 1800) -> tuple[int, dict[str, Any], str]:
+        # Every rollout is limited to one Debian release's hosts (one CUDA repository, one target).
+        limit = [] if "--limit" in args or "--resume" in args else ["--limit", ",".join(self.gpu_hosts)]
         res = gpuprov(
-            "upgrade-driver", "-i", str(self.inventory), "--format", "json", *args,
+            "upgrade-driver", "-i", str(self.inventory), "--format", "json", *args, *limit,
             timeout=timeout, env={"GPUPROV_HOME": str(self.home)},
         )  # fmt: skip
         try:
@@ -100,27 +109,32 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     inventory = inv_dir / "hosts.yml"
     shutil.copyfile(lab.inventory, inventory)
     (inv_dir / "group_vars" / "gpu_nodes.yml").write_text(
-        f"# The fleet before the upgrade: driver {OLD}.\n"
-        f'nvidia_driver_branch: "570"\nnvidia_driver_version: "{OLD}"\n'
+        f"# The Debian 12 GPU hosts before their upgrade: driver {OLD_DEBIAN12} (the Debian 13 hosts'\n"
+        "# settings are host variables of the lab's inventory, which win over these).\n"
+        f'nvidia_driver_branch: "570"\nnvidia_driver_version: "{OLD_DEBIAN12}"\n'
         "# CUDA 13.0 (the default) needs a 580 driver; 12.8 runs on both.\n"
         'cuda_toolkit_versions: ["12.8"]\n'
     )
-    env = Fleet570(lab, inventory, base / "home", [h for h, spec in lab.hosts.items() if spec.gpu_count])
-    assert len(env.gpu_hosts) >= 2, lab.hosts
+    env = Fleet570(
+        lab, inventory, base / "home", lab.hosts_on("trixie", "trixie-containerd2"), lab.hosts_on("bookworm")
+    )
+    assert len(env.gpu_hosts) >= 2 and env.debian12_hosts, lab.hosts
     try:
         # Verification is bootstrap's own business (tests/integration/test_bootstrap_lab.py); here the
         # loaded driver is checked below, on every GPU host.
         res = gpuprov("bootstrap", "-i", str(inventory), "--yes", "--skip", "verify", "--format", "json",
                       timeout=3600, env={"GPUPROV_HOME": str(env.home)})  # fmt: skip
-        assert res.returncode == 0, f"bootstrap at {OLD} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        assert res.returncode == 0, f"bootstrap failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         for host in env.gpu_hosts:
             assert env.loaded(host) == OLD, host
             assert env.schedulable(host), host
+        for host in env.debian12_hosts:
+            assert env.loaded(host) == OLD_DEBIAN12, host
         yield env
     finally:
         for host in lab.hosts:
             lab.cli("lab", "fault", host, "clear")
-            if host in env.gpu_hosts:
+            if host in env.gpu_hosts + env.debian12_hosts:
                 lab.ssh("cp1", f"{KUBECTL} uncordon {host}")
 
 
@@ -131,13 +145,13 @@ def by_host(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_dry_run_plans_and_touches_nothing(fleet: Fleet570) -> None:
     first, second = fleet.gpu_hosts[:2]
     res = gpuprov(
-        "upgrade-driver", "-i", str(fleet.inventory), "--to", "580", "--batch", "1", "--canary", "1",
-        "--dry-run", env={"GPUPROV_HOME": str(fleet.home)},
+        "upgrade-driver", "-i", str(fleet.inventory), "--to", NEW, "--batch", "1", "--canary", "1",
+        "--limit", ",".join(fleet.gpu_hosts), "--dry-run", env={"GPUPROV_HOME": str(fleet.home)},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert f"target 580 (branch, installs {NEW})" in res.stdout
-    assert f"canary (1 host, in parallel):\n  {first:<20} {OLD} → 580" in res.stdout
-    assert f"batch 1 (1 host, in parallel):\n  {second:<20} {OLD} → 580" in res.stdout
+    assert f"target {NEW} (version)" in res.stdout
+    assert f"canary (1 host, in parallel):\n  {first:<20} {OLD} → {NEW}" in res.stdout
+    assert f"batch 1 (1 host, in parallel):\n  {second:<20} {OLD} → {NEW}" in res.stdout
     assert "cordon, drain, stop GPU services" in res.stdout
     assert not (fleet.home / "runs").exists() or not any((fleet.home / "runs").glob("*-upgrade-driver*"))
     for host in fleet.gpu_hosts:
@@ -149,7 +163,7 @@ def test_drain_timeout_leaves_the_host_untouched_and_uncordoned(fleet: Fleet570)
     host = fleet.gpu_hosts[-1]
     fleet.fault(host, "drain-block")
     try:
-        rc, summary, stderr = fleet.upgrade("--to", "580", "--limit", host, "--drain-timeout", "15")
+        rc, summary, stderr = fleet.upgrade("--to", NEW, "--limit", host, "--drain-timeout", "15")
     finally:
         fleet.fault(host, "clear")
     assert rc == 1, stderr
@@ -168,7 +182,7 @@ def test_drain_timeout_leaves_the_host_untouched_and_uncordoned(fleet: Fleet570)
 def test_failed_install_stops_the_rollout_with_the_rest_untouched(fleet: Fleet570) -> None:
     first, rest = fleet.gpu_hosts[0], fleet.gpu_hosts[1:]
     fleet.fault(first, "install-fail")
-    rc, summary, stderr = fleet.upgrade("--to", "580", "--batch", "1", "--max-fail", "0")
+    rc, summary, stderr = fleet.upgrade("--to", NEW, "--batch", "1", "--max-fail", "0")
     assert rc == 1, stderr
     rows = by_host(summary)
     assert rows[first]["result"] == "failed", rows[first]
@@ -209,12 +223,35 @@ def test_resume_after_clearing_the_fault_completes_the_rest(fleet: Fleet570) -> 
 
 
 def test_hosts_at_the_target_are_skipped(fleet: Fleet570) -> None:
-    rc, summary, stderr = fleet.upgrade("--to", "580", "--batch", "2")
+    rc, summary, stderr = fleet.upgrade("--to", NEW, "--batch", "2")
     assert rc == 0, stderr
     for row in by_host(summary).values():
         assert row["result"] == "skipped", row
-        assert row["reason"] == f"already at 580: {NEW} loaded"
+        assert row["reason"] == f"already at {NEW}: {NEW} loaded"
     assert "cordoning" not in stderr
     state = json.loads((Path(summary["record"]) / "state.json").read_text())
     for host in fleet.gpu_hosts:
         assert [h[0] for h in state["hosts"][host]["history"]] == ["probing", "skipped"]
+
+
+def test_a_branch_switch_replaces_the_fabric_manager(fleet: Fleet570) -> None:
+    """570 → 580 on the Debian 12 host with NVSwitches: from 580 on NVIDIA's fabric manager and NVSwitch
+    library have no branch in their names, so the 570 ones are removed and the new ones installed."""
+    host = next(h for h in fleet.debian12_hosts if fleet.lab.hosts[h].profile == "h100-sxm-8")
+    rc, summary, stderr = fleet.upgrade("--to", "580", "--limit", host)
+    assert rc == 0, (summary, stderr[-3000:])
+    row = by_host(summary)[host]
+    assert row["result"] == "upgraded" and (row["from"], row["to"]) == (OLD_DEBIAN12, NEW_DEBIAN12), row
+    assert fleet.loaded(host) == NEW_DEBIAN12
+    assert fleet.schedulable(host)
+    fields = "${Package} ${Version} ${db:Status-Abbrev}\\n"
+    query = f"dpkg-query -W -f='{fields}' 'nvidia-fabricmanager*' 'libnvidia-nscq*'"
+    res = fleet.lab.ssh(host, f"{query}; systemctl is-active nvidia-fabricmanager")
+    rows = [ln.split() for ln in res.stdout.splitlines() if len(ln.split()) >= 3]
+    # Installed ones (dpkg keeps a removed package's configuration files: status rc).
+    installed = {r[0]: r[1:] for r in rows if r[2][1:2] == "i"}
+    assert installed["nvidia-fabricmanager"][0] == f"{NEW_DEBIAN12}-1", installed
+    assert installed["libnvidia-nscq"][0] == f"{NEW_DEBIAN12}-1", installed
+    assert installed["nvidia-fabricmanager"][1].startswith("h"), installed  # held
+    assert "nvidia-fabricmanager-570" not in installed and "libnvidia-nscq-570" not in installed, installed
+    assert res.stdout.strip().endswith("active")

@@ -242,6 +242,9 @@ class ContainerdConfig:
     cri_enabled: bool = True
     runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_runtime: str = "runc"
+    enable_cdi: bool = False
+    cdi_spec_dirs: list[str] = field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    source: str = CONTAINERD_CONFIG
     error: str | None = None
 
     def systemd_cgroup(self, runtime: str | None = None) -> bool:
@@ -251,14 +254,56 @@ class ContainerdConfig:
     def has_runtime(self, handler: str) -> bool:
         return handler in self.runtimes
 
+    def binary(self, handler: str) -> str:
+        """The OCI runtime binary a runtime runs (runc's options.BinaryName; empty = runc itself)."""
+        return str(((self.runtimes.get(handler) or {}).get("options") or {}).get("BinaryName") or "")
+
 
 def containerd_config(host: Host) -> ContainerdConfig:
-    """Parse /etc/containerd/config.toml (and its imports) the way containerd 1.6/1.7 (version 2) and
-    2.x (version 3) read it; defaults when there is no file (CRI on, runc with cgroupfs)."""
-    text = host.read(CONTAINERD_CONFIG)
+    """What containerd really uses: `containerd config dump` (config.toml with its imports merged the
+    way that containerd version merges them: 1.x replaces a plugin's whole table with an imported file's,
+    2.x merges key by key), read the way containerd 1.6/1.7 (version 2) and 2.x (version 3) lay it out.
+    Where the dump cannot run (the off-host tests), config.toml itself; defaults when there is no file
+    (CRI on, runc with cgroupfs)."""
     cfg = ContainerdConfig(runtimes={"runc": {"runtime_type": "io.containerd.runc.v2", "options": {}}})
+    # Off-host (the tests' node roots) the machine's own containerd would read the machine's files.
+    on_host = host.root == Path("/")
+    dump = host.run(["containerd", "config", "dump"], timeout=30) if on_host else None
+    if dump is not None and dump.returncode == 0 and dump.stdout.lstrip().startswith(("version", "#", "[")):
+        text: str | None = dump.stdout
+        cfg.source = "containerd config dump"
+    else:
+        text = host.read(CONTAINERD_CONFIG)
     if text is None:
         return cfg
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        cfg.error = f"failed to load TOML: {cfg.source}: {exc}"
+        return cfg
+    version = int(doc.get("version", 1) or 1)
+    disabled = set(doc.get("disabled_plugins") or [])
+    plugins = doc.get("plugins") or {}
+    if version >= 3:
+        cri = plugins.get(CRI_V3_RUNTIME) or {}
+    elif version == 2:
+        cri = plugins.get(CRI_V2) or {}
+    else:
+        cri = plugins.get("cri") or {}
+    section = cri.get("containerd") or {}
+    if section.get("default_runtime_name"):
+        cfg.default_runtime = section["default_runtime_name"]
+    for name, rt in (section.get("runtimes") or {}).items():
+        merged = dict(cfg.runtimes.get(name, {}))
+        merged.update({k: v for k, v in rt.items() if k != "options"})
+        merged["options"] = {**(merged.get("options") or {}), **(rt.get("options") or {})}
+        cfg.runtimes[name] = merged
+    # containerd 1.7 has enable_cdi false by default, 2.x true (pkg/cri/config DefaultConfig); 1.6 has none.
+    cfg.enable_cdi = bool(cri.get("enable_cdi", version >= 3))
+    if cri.get("cdi_spec_dirs"):
+        cfg.cdi_spec_dirs = [str(d) for d in cri["cdi_spec_dirs"]]
+    cfg.cri_enabled = not ({"cri", CRI_V2, CRI_V3_RUNTIME, "io.containerd.grpc.v1.cri"} & disabled)
+    return cfg
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

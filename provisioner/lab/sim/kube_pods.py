@@ -269,6 +269,8 @@ class PodRunner:
                                 "reason": "Completed",
                                 "startedAt": start,
                                 "finishedAt": now_iso,
+                                # What the container printed (kubectl logs shows it).
+                                **({"message": msg} if msg else {}),
                             }
                         },
                         prev,
@@ -397,9 +399,41 @@ class PodRunner:
             fn = GPU_OPERATOR.get(name)
             if fn is not None and ("nvidia" in image or "nvcr.io" in image):
                 return fn(self, c)
+            wanted = u.quantity_to_int(u.dig(c, "resources", "limits", "nvidia.com/gpu"))
+            if wanted > 0:
+                return self.gpu_workload(c, wanted)
         except ApiError as exc:
             return FAIL, f"error talking to the API server: {exc.message}"
         return OK, ""
+
+    def runtime_handler(self) -> str | None:
+        """The containerd runtime of the pod: its RuntimeClass's handler (None: containerd's default)."""
+        rc_name = self.spec.get("runtimeClassName")
+        if not rc_name:
+            return None
+        rc = self.k.client.find(self.k.R("runtimeclasses"), "", rc_name) if self.k.client else None
+        return (rc or {}).get("handler") or rc_name
+
+    def gpu_workload(self, c: Obj, wanted: int) -> Result:
+        """A container that requests nvidia.com/gpu: it runs when it gets GPU device nodes, which
+        kube_gpu works out from `containerd config dump`, the CDI specs and the ClusterPolicy. Its log is
+        the device nodes it would see (what `ls /dev/nvidia*` in it prints)."""
+        from .kube_gpu import access
+
+        try:  # without the GPU Operator (no ClusterPolicy) the device plugin keeps its default, envvar
+            policies = self.k.client.list(self.k.R("clusterpolicies"))
+        except ApiError:
+            policies = []
+        cdi = bool(policies) and bool(u.dig(policies[0], "spec", "cdi", "enabled"))
+        try:
+            profile = json.loads(self.host.read("/etc/gpuprov-lab/profile.json", "") or "{}")
+        except ValueError:
+            profile = {}
+        gpus = (profile.get("gpus") or [])[:wanted]
+        got = access(self.host, cdi, self.runtime_handler(), gpus)
+        if not got.devices:
+            return FAIL, f"ls: /dev/nvidia*: No such file or directory (SIMULATED: no GPU: {got.how})"
+        return OK, "\n".join(got.devices) + f"\n(SIMULATED: {got.how})"
 
     def copy(self, c: Obj, cmd: list[Any], image: str) -> Result:
         files = [str(x) for x in cmd[1:] if not str(x).startswith("-")]

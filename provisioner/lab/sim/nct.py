@@ -32,6 +32,16 @@ REAL = (
 )
 
 
+# The one change the lab makes to NVIDIA's files, in the settings file NVIDIA provides for it: the
+# disable-device-node-modification hook of a generated CDI spec reads the kernel module's
+# /proc/driver/nvidia/params inside the container, and a lab host's simulated module has none there (a
+# container's /proc is the machine's kernel's). Everything else of the spec is generated as on a real host.
+LAB_CDI_SETTINGS = (
+    b"\n# gpuprov lab: the simulated kernel module has no /proc/driver/nvidia/params inside containers.\n"
+    b"NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS=disable-device-node-modification\n"
+)
+
+
 def _real(rel: str) -> bytes:
     return vendor.artifact(ARTIFACT, rel).read_bytes()
 
@@ -66,7 +76,7 @@ def packages() -> list[SimPackage]:
         for name in ("nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path")
     }
     env_file = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
-    units[env_file] = SimFile(_real("systemd/nvidia-cdi-refresh.env"))
+    units[env_file] = SimFile(_real("systemd/nvidia-cdi-refresh.env") + LAB_CDI_SETTINGS)
     return [
         SimPackage(
             name="libnvidia-container1",

@@ -26,12 +26,12 @@ from provisioner.lab import vendor
 from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
 from provisioner.lab.sim.elf import shared_object
 
-CUDA_REPO = "cuda-debian12"
+# The lab's CUDA repositories (catalog.REPOS keys) and the catalog's name for each.
+CUDA_REPOS = {"cuda-debian12": "debian12", "cuda-debian13": "debian13"}
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 PYLIB = "/usr/lib/gpuprov-lab/python"
 HOMEPAGE = "https://developer.nvidia.com/cuda-downloads"
 
-CATALOG_REPO = "debian12"
 # CUDA version the driver of a branch reports (nvidia-smi's "CUDA Version"; 580 → 13.0 on the real H200).
 BRANCH_CUDA = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
 
@@ -41,19 +41,32 @@ def _catalog() -> dict[str, Any]:
     return yaml.safe_load((Path(__file__).parent / "vendor-catalog.yaml").read_text())
 
 
-def _debian12_drivers() -> dict[str, tuple[str, str]]:
-    """Driver version → (branch, CUDA version), every release the catalog has for debian12."""
-    out: dict[str, tuple[str, str]] = {}
-    for branch, b in _catalog()["repositories"][CATALOG_REPO]["branches"].items():
-        for version in b["releases"]:
-            out[version] = (branch, BRANCH_CUDA[branch])
+def _catalog_drivers() -> dict[str, tuple[str, str, str]]:
+    """Driver version → (branch, CUDA version, lab repository), every release the catalog has for the
+    Debian repositories the lab serves."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for repo_key, catalog_repo in CUDA_REPOS.items():
+        for branch, b in _catalog()["repositories"][catalog_repo]["branches"].items():
+            for version in b["releases"]:
+                out[version] = (branch, BRANCH_CUDA[branch], repo_key)
     return out
 
 
-# Driver version → (branch, CUDA version its libcuda reports).
-DRIVERS: dict[str, tuple[str, str]] = _debian12_drivers()
-DEBIAN_REVISION = "1"  # every debian12 release in the catalog
+# Driver version → (branch, CUDA version its libcuda reports, lab repository).
+DRIVERS: dict[str, tuple[str, str, str]] = _catalog_drivers()
+
+
+def _revision(version: str) -> str:
+    """The Debian revision of a release's driver packages, as the catalog has it."""
+    branch, _, repo_key = DRIVERS[version]
+    return str(_catalog()["repositories"][CUDA_REPOS[repo_key]]["branches"][branch]["releases"][version])
+
+
+def _repo(version: str) -> str:
+    return DRIVERS[version][2]
 DCGM_VERSION = "1:4.4.1-1"
+# NVIDIA publishes DCGM for debian12, not debian13 (vendor-catalog.yaml).
+DCGM_REPOS = "cuda-debian12"
 # Module names as built (dkms BUILT_MODULE_NAME) and as the kernel names them.
 KERNEL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
 
@@ -173,7 +186,7 @@ def _kernel_dkms(version: str, flavour: str) -> SimPackage:
     open_ = flavour == "open"
     name = "nvidia-kernel-open-dkms" if open_ else "nvidia-kernel-dkms"
     other = "nvidia-kernel-dkms" if open_ else "nvidia-kernel-open-dkms"
-    full = f"{version}-{DEBIAN_REVISION}"
+    full = f"{version}-{_revision(version)}"
     label = f"{SIMULATED} {name} {version}"
     modules = "\n".join(
         f'BUILT_MODULE_NAME[{i}]="{m}"\nDEST_MODULE_LOCATION[{i}]="/kernel/drivers/video"'
@@ -184,7 +197,7 @@ def _kernel_dkms(version: str, flavour: str) -> SimPackage:
     return SimPackage(
         name=name,
         version=full,
-        repo=CUDA_REPO,
+        repo=_repo(version),
         description=f"NVIDIA binary kernel module DKMS source ({'open' if open_ else 'proprietary'} flavor)",
         long_description=f"DKMS source of the NVIDIA {kind}, version {version}.",
         depends=["dkms", f"nvidia-kernel-support (= {full})", f"firmware-nvidia-gsp (= {full})"],
@@ -213,8 +226,8 @@ def _kernel_dkms(version: str, flavour: str) -> SimPackage:
 
 
 def _driver_packages(version: str) -> list[SimPackage]:
-    _branch, cuda = DRIVERS[version]
-    full = f"{version}-{DEBIAN_REVISION}"
+    _branch, cuda, _ = DRIVERS[version]
+    full = f"{version}-{_revision(version)}"
     same = f"(= {full})"
     label = f"{SIMULATED} NVIDIA driver {version}"
     ml = f"{LIBDIR}/libnvidia-ml.so.{version}"
@@ -225,7 +238,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="nvidia-kernel-support",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="NVIDIA binary kernel module support files",
             depends=["nvidia-modprobe"],
             section="non-free/kernel",
@@ -249,7 +262,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="firmware-nvidia-gsp",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="NVIDIA GSP firmware",
             section="non-free-firmware/kernel",
             homepage=HOMEPAGE,
@@ -261,7 +274,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="nvidia-modprobe",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="utility to load NVIDIA kernel modules and create device nodes",
             section="contrib/utils",
             homepage=HOMEPAGE,
@@ -270,7 +283,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="libnvidia-ml1",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="NVIDIA Management Library (NVML) runtime library",
             section="non-free/libs",
             homepage=HOMEPAGE,
@@ -284,7 +297,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="libcuda1",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description=f"NVIDIA CUDA Driver Library (CUDA {cuda})",
             depends=[f"libnvidia-ml1 {same}"],
             section="non-free/libs",
@@ -300,7 +313,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="nvidia-smi",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="NVIDIA System Management Interface",
             depends=[f"libnvidia-ml1 {same}"],
             section="non-free/utils",
@@ -311,7 +324,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
         SimPackage(
             name="nvidia-driver-cuda",
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="NVIDIA driver CUDA integration components",
             long_description=f"Headless NVIDIA driver {version} for compute (CUDA {cuda}).",
             depends=[
@@ -402,7 +415,7 @@ fi
 
 
 def _persistenced(version: str) -> SimPackage:
-    full = f"{version}-{DEBIAN_REVISION}"
+    full = f"{version}-{_revision(version)}"
     scripts = _systemd_scripts("nvidia-persistenced.service", start=True)
     scripts["postinst"] = (
         'if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then\n'
@@ -412,7 +425,7 @@ def _persistenced(version: str) -> SimPackage:
     return SimPackage(
         name="nvidia-persistenced",
         version=full,
-        repo=CUDA_REPO,
+        repo=_repo(version),
         description="daemon to maintain persistent software state in the NVIDIA driver",
         depends=[f"libnvidia-ml1 (= {full})"],
         section="contrib/utils",
@@ -475,8 +488,9 @@ TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch
 def _fabricmanager(version: str) -> list[SimPackage]:
     """The fabric manager and NVSwitch library of a release, named as the catalog says: for the branch up
     to 575 (nvidia-fabricmanager-570, libnvidia-nscq-570), without it from 580 on."""
-    branch, _ = DRIVERS[version]
-    b = _catalog()["repositories"][CATALOG_REPO]["branches"][branch]
+    branch, _, repo_key = DRIVERS[version]
+    catalog_repo = CUDA_REPOS[repo_key]
+    b = _catalog()["repositories"][catalog_repo]["branches"][branch]
     fm_name, nscq_name = b["fabricmanager"]
     full = f"{version}-{b['fabricmanager_revision']}"
     # Every other branch's fabric manager: they install the same unit, binary and configuration, so dpkg
@@ -484,7 +498,7 @@ def _fabricmanager(version: str) -> list[SimPackage]:
     others = sorted(
         {
             name
-            for other, ob in _catalog()["repositories"][CATALOG_REPO]["branches"].items()
+            for other, ob in _catalog()["repositories"][catalog_repo]["branches"].items()
             if other != branch
             for name in ob["fabricmanager"][:1]
         }
@@ -497,7 +511,7 @@ def _fabricmanager(version: str) -> list[SimPackage]:
         SimPackage(
             name=fm_name,
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="Fabric Manager for NVSwitch based systems.",
             conflicts=others,
             replaces=others,
@@ -515,7 +529,7 @@ def _fabricmanager(version: str) -> list[SimPackage]:
         SimPackage(
             name=nscq_name,
             version=full,
-            repo=CUDA_REPO,
+            repo=_repo(version),
             description="NVSwitch Configuration and Query library",
             conflicts=[n.replace("nvidia-fabricmanager", "libnvidia-nscq") for n in others],
             section="multiverse/libs",
@@ -554,7 +568,7 @@ def _dcgm_packages() -> list[SimPackage]:
     core = SimPackage(
         name="datacenter-gpu-manager-4-core",
         version=DCGM_VERSION,
-        repo=CUDA_REPO,
+        repo=DCGM_REPOS,
         description="NVIDIA® Datacenter GPU Management Tools",
         long_description=f"DCGM {upstream}: nv-hostengine and dcgmi.",
         depends=["libc6"],
@@ -581,7 +595,7 @@ def _dcgm_packages() -> list[SimPackage]:
             SimPackage(
                 name=f"datacenter-gpu-manager-4-cuda{cuda}",
                 version=DCGM_VERSION,
-                repo=CUDA_REPO,
+                repo=DCGM_REPOS,
                 description=f"NVIDIA® Datacenter GPU Management Tools - CUDA {cuda} support",
                 depends=[f"datacenter-gpu-manager-4-core (= {DCGM_VERSION})"],
                 section="multiverse/devel",
@@ -601,7 +615,10 @@ def _dcgm_packages() -> list[SimPackage]:
 
 # -------------------------------------------------------------------------------------------- CUDA
 
-# Toolkit meta version → (release, nvcc version, nvcc build line, build date, config-common version, priority)
+# Toolkit meta version → (release, nvcc version, nvcc build line, build date, config-common version,
+# priority, lab repository). 13.0.2 is the real H200 host's (dpkg status, nvcc --version); 13.1.1 (CUDA
+# 13.1 Update 1, which NVIDIA's debian13 repository carries: cuda-nvcc-13-1 13.1.115-1 pinned from it in
+# public Dockerfiles) prints what public captures of its nvcc show.
 TOOLKITS = {
     "13.0.2": (
         "13.0",
@@ -610,6 +627,7 @@ TOOLKITS = {
         "Wed_Aug_20_01:58:59_PM_PDT_2025",
         "13.0.96",
         130,
+        "cuda-debian12",
     ),
     "12.8.1": (
         "12.8",
@@ -618,6 +636,16 @@ TOOLKITS = {
         "Fri_Feb_21_20:23:50_PST_2025",
         "12.8.90",
         128,
+        "cuda-debian12",
+    ),
+    "13.1.1": (
+        "13.1",
+        "13.1.115",
+        "cuda_13.1.r13.1/compiler.37061995_0",
+        "Tue_Dec_16_07:23:41_PM_PST_2025",
+        "13.1.80",
+        131,
+        "cuda-debian13",
     ),
 }
 
@@ -647,8 +675,8 @@ esac
 
 def _cuda_packages() -> list[SimPackage]:
     pkgs: list[SimPackage] = []
-    seen_common = False
-    for meta, (release, nvcc, build, built, common, priority) in TOOLKITS.items():
+    seen_common: set[str] = set()  # repositories that have cuda-toolkit-config-common already
+    for meta, (release, nvcc, build, built, common, priority, repo) in TOOLKITS.items():
         major, minor = release.split(".")
         dash = f"{major}-{minor}"
         prefix = f"/usr/local/cuda-{release}"
@@ -663,7 +691,7 @@ def _cuda_packages() -> list[SimPackage]:
             SimPackage(
                 name=f"cuda-toolkit-{dash}",
                 version=f"{meta}-1",
-                repo=CUDA_REPO,
+                repo=repo,
                 description=f"CUDA Toolkit {release} meta-package",
                 depends=[
                     f"cuda-nvcc-{dash} (>= {nvcc})",
@@ -678,7 +706,7 @@ def _cuda_packages() -> list[SimPackage]:
             SimPackage(
                 name=f"cuda-nvcc-{dash}",
                 version=f"{nvcc}-1",
-                repo=CUDA_REPO,
+                repo=repo,
                 description="CUDA nvcc",
                 section="multiverse/devel",
                 homepage=HOMEPAGE,
@@ -695,7 +723,7 @@ def _cuda_packages() -> list[SimPackage]:
             SimPackage(
                 name=f"cuda-toolkit-{dash}-config-common",
                 version=f"{common}-1",
-                repo=CUDA_REPO,
+                repo=repo,
                 arch="all",
                 description=f"Common config package for CUDA Toolkit {release}.",
                 section="multiverse/devel",
@@ -717,7 +745,7 @@ fi
             SimPackage(
                 name=f"cuda-toolkit-{major}-config-common",
                 version=f"{common}-1",
-                repo=CUDA_REPO,
+                repo=repo,
                 arch="all",
                 description=f"Common config package for CUDA Toolkit {major}.",
                 section="multiverse/devel",
@@ -730,13 +758,13 @@ fi
                 conffiles=[f"/etc/ld.so.conf.d/988_cuda-{major}.conf"],
             ),
         ]
-        if not seen_common:
-            seen_common = True
+        if repo not in seen_common:
+            seen_common.add(repo)
             pkgs.append(
                 SimPackage(
                     name="cuda-toolkit-config-common",
                     version=f"{common}-1",
-                    repo=CUDA_REPO,
+                    repo=repo,
                     arch="all",
                     description="Common config package for CUDA Toolkit.",
                     section="multiverse/devel",
@@ -789,6 +817,9 @@ def headers_package(release: str | None = None) -> SimPackage:
         repo="debian",
         description=f"Header files for Linux {release}",
         long_description="This package provides kernel header files for the lab's running kernel.",
+        # Debian's kernel headers depend on the compiler the kernel was built with (linux-headers-*-amd64:
+        # gcc-12 on Debian 12, gcc-14 on Debian 13) and on make (via linux-kbuild); DKMS builds with them.
+        depends=["gcc", "make"],
         section="kernel",
         files={
             f"{tree}/Makefile": SimFile(

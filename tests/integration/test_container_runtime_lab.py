@@ -1,0 +1,165 @@
+"""After bootstrap, on every GPU host of the session lab (one per containerd generation: Debian 12's 1.6,
+Debian 13's 1.7, sid's 2.x): what the real components say.
+
+- the real nvidia-ctk 1.18.0 (built from NVIDIA's source) is what the toolkit packages installed;
+- the real `containerd config dump` (config.toml with its imports, merged as containerd merges them)
+  has the nvidia runtime and the default runtime the role chose for the fleet; CDI is on where
+  containerd has it;
+- `docker info` lists the nvidia runtime;
+- the CDI spec is the one the real nvidia-ctk generated (through NVIDIA's own nvidia-cdi-refresh)
+  against NVIDIA's mock NVML: one device per GPU of the host;
+- on the containerd 1.7 and 2.x hosts, a real container started by the real containerd through the real
+  nvidia-container-runtime in CDI mode (no nvidia-container-cli) sees the GPUs' device nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+LAB_PHASE = "bootstrapped"  # see tests/conftest.py
+
+CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+GENERATION = {"bookworm": "1.6.", "trixie": "1.7.", "trixie-containerd2": "2."}
+
+
+def _dump(lab: Any, host: str) -> dict[str, Any]:
+    res = lab.ssh(host, "containerd config dump")
+    assert res.returncode == 0, res.stderr
+    return tomllib.loads(res.stdout)
+
+
+def _gpu_hosts(lab: Any) -> list[str]:
+    return [n for n, h in lab.hosts.items() if h.gpu_count]
+
+
+def test_the_real_toolkit_is_installed(bootstrapped: Any) -> None:
+    lab = bootstrapped.lab
+    for host in _gpu_hosts(lab):
+        res = lab.ssh(host, "nvidia-ctk --version; nvidia-container-runtime --version")
+        assert res.returncode == 0, (host, res.stderr)
+        assert "NVIDIA Container Toolkit CLI version 1.18.0" in res.stdout, res.stdout
+        assert "commit: f8daa5e26de9fd7eb79259040b6dd5a52060048c" in res.stdout, res.stdout
+
+
+def test_containerd_uses_the_nvidia_runtime_and_the_fleets_default(bootstrapped: Any) -> None:
+    lab = bootstrapped.lab
+    hosts = _gpu_hosts(lab)
+    # The fleet has a containerd without CDI (1.6), so nvidia is every GPU host's default runtime: the
+    # one way the device plugin can hand a GPU to a pod without runtimeClassName on all of them.
+    assert any(lab.hosts[h].os == "bookworm" for h in hosts)
+    for host in hosts:
+        version = lab.ssh(host, "containerd --version").stdout.split()[2]
+        assert version.startswith(GENERATION[lab.hosts[host].os]), (host, version)
+        dump = _dump(lab, host)
+        cri = dump["plugins"][CRI[int(dump["version"])]]
+        runtimes = cri["containerd"]["runtimes"]
+        assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime", host
+        assert runtimes["nvidia"]["options"]["SystemdCgroup"] is True, host
+        assert cri["containerd"]["default_runtime_name"] == "nvidia", host
+        # CDI on wherever containerd has it (1.7: the role turned it on; 2.x: on by default).
+        assert cri.get("enable_cdi", False) is (lab.hosts[host].os != "bookworm"), host
+
+
+def test_docker_lists_the_nvidia_runtime(bootstrapped: Any) -> None:
+    lab = bootstrapped.lab
+    for host in _gpu_hosts(lab):
+        res = lab.ssh(host, "docker info --format '{{json .Runtimes}}'")
+        assert res.returncode == 0, res.stderr
+        assert "nvidia" in json.loads(res.stdout), (host, res.stdout)
+
+
+def test_the_cdi_spec_is_the_real_tools_for_each_gpu(bootstrapped: Any) -> None:
+    lab = bootstrapped.lab
+    for host in _gpu_hosts(lab):
+        res = lab.ssh(host, "cat /var/run/cdi/nvidia.yaml")
+        assert res.returncode == 0, (host, res.stderr)
+        spec = yaml.safe_load(res.stdout)
+        assert spec["kind"] == "nvidia.com/gpu"
+        names = {d["name"] for d in spec["devices"]}
+        gpus = lab.hosts[host].gpu_count
+        assert {str(i) for i in range(gpus)} | {"all"} <= names, (host, names)
+        # NVIDIA's refresh units keep it current across reboots and driver changes.
+        enabled = lab.ssh(host, "systemctl is-enabled nvidia-cdi-refresh.path nvidia-cdi-refresh.service")
+        assert enabled.stdout.split() == ["enabled", "enabled"], (host, enabled.stdout)
+
+
+@pytest.mark.parametrize("flavour", ["trixie", "trixie-containerd2"])
+def test_a_real_container_sees_the_gpus_through_cdi(bootstrapped: Any, flavour: str) -> None:
+    """containerd's own ctr starts a container with the real nvidia-container-runtime as its runc binary;
+    NVIDIA_VISIBLE_DEVICES names CDI devices, so the runtime works in CDI mode (nvidia-container-cli is
+    never called) and edits the OCI spec from /var/run/cdi/nvidia.yaml."""
+    lab = bootstrapped.lab
+    (host,) = lab.hosts_on(flavour)
+    gpus = lab.hosts[host].gpu_count
+    script = r"""
+set -e
+export DEBIAN_FRONTEND=noninteractive
+command -v busybox >/dev/null || apt-get install -y -q busybox-static >/dev/null
+r=$(mktemp -d /tmp/cdi-rootfs.XXXXXX)
+trap 'ctr -n gpuprov-test task kill -s KILL cdi-test >/dev/null 2>&1 || true;
+      ctr -n gpuprov-test container rm cdi-test >/dev/null 2>&1 || true; rm -rf "$r"' EXIT
+mkdir -p "$r/bin" "$r/dev" "$r/proc" "$r/sys" "$r/etc" "$r/tmp"
+cp "$(command -v busybox)" "$r/bin/busybox"
+for t in sh ls; do ln -s busybox "$r/bin/$t"; done
+ctr -n gpuprov-test run --rm \
+  --runtime io.containerd.runc.v2 --runc-binary /usr/bin/nvidia-container-runtime \
+  --env NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all --rootfs "$r" cdi-test /bin/ls -1 /dev
+"""
+    res = lab.ssh(host, script, timeout=300)
+    assert res.returncode == 0, (host, res.stdout[-2000:], res.stderr[-2000:])
+    devices = set(res.stdout.split())
+    want = {f"nvidia{i}" for i in range(gpus)} | {"nvidiactl", "nvidia-uvm"}
+    assert want <= devices, (host, sorted(devices))
+    # Without the CDI request the same container gets no GPU.
+    plain = script.replace("--env NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all ", "")
+    res = lab.ssh(host, plain, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not [d for d in res.stdout.split() if re.match(r"nvidia\d", d)], res.stdout
+
+
+def test_a_plain_pod_gets_its_gpu_on_every_gpu_node(bootstrapped: Any) -> None:
+    """A pod that requests nvidia.com/gpu without runtimeClassName: the lab kubelet decides what its
+    container sees from the host's real `containerd config dump`, the real CDI spec and the ClusterPolicy
+    the real chart rendered (provisioner/lab/sim/kube_gpu.py)."""
+    lab = bootstrapped.lab
+    kubectl = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+    for host in _gpu_hosts(lab):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"gpu-check-{host}", "namespace": "default"},
+            "spec": {
+                "nodeName": host,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "ls",
+                        "image": "registry.example/busybox:1",
+                        "command": ["sh", "-c", "ls /dev/nvidia*"],
+                        "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    }
+                ],
+            },
+        }
+        name = pod["metadata"]["name"]
+        try:
+            res = lab.ssh("cp1", f"{kubectl} apply -f - <<'EOF'\n{json.dumps(pod)}\nEOF")
+            assert res.returncode == 0, res.stderr
+            done = lab.ssh(
+                "cp1",
+                f"{kubectl} wait --for=jsonpath='{{.status.phase}}'=Succeeded pod/{name} --timeout=120s",
+                timeout=180,
+            )
+            logs = lab.ssh("cp1", f"{kubectl} logs {name}").stdout
+            assert done.returncode == 0, (host, done.stderr, logs)
+            assert re.search(r"/dev/nvidia\d", logs), (host, logs)
+            assert "/dev/nvidiactl" in logs, (host, logs)
+        finally:
+            lab.ssh("cp1", f"{kubectl} delete pod {name} --ignore-not-found --wait=false")
