@@ -211,7 +211,7 @@ def vendor_key_paths(repo: SimRepo) -> list[str]:
 
 
 # Vendor artifacts the lab's packages are made from (their content is part of the mirror's cache key).
-VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock")
+VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock", "gpu-operator")
 
 
 def sim_inputs_digest() -> str:

@@ -7,30 +7,19 @@ once into the cache) and compare the nvidia runtime with what the real nvidia-ct
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import role_plugins
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "containerd"
-PLUGIN = ROOT / "roles" / "containerd_config" / "filter_plugins" / "containerd_config.py"
 
 
-def _load_plugin() -> Any:
-    spec = importlib.util.spec_from_file_location("containerd_config_filter", PLUGIN)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cc = _load_plugin()
+cc = role_plugins.containerd_config()
 
 VERSIONS = {"1.6": "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3",
             "1.7": "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+deb13u1",

@@ -1,17 +1,17 @@
 """The lab kubelet's answer to "does this container get its GPU?" (provisioner/lab/sim/kube_gpu.py), from
-real inputs: a CDI spec written by the real nvidia-ctk 1.18.0 against NVIDIA's mock NVML, and containerd
-configurations of each generation as the containerd_config role writes them."""
+real inputs: the device plugin's CDI spec as the real nvidia-ctk 1.18.0 writes it against NVIDIA's mock
+NVML (vendor k8s.device-plugin.nvidia.com, devices by UUID, as the plugin's own nvcdi library names them),
+and containerd configurations of each generation as the containerd_config role writes them."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import role_plugins
 
 from provisioner.lab import vendor
 from provisioner.lab.sim import kube_gpu, nvml, profiles
@@ -22,18 +22,12 @@ FIXTURES = ROOT / "tests" / "fixtures" / "containerd"
 VERSION = "580.159.04"
 
 
-def _filter() -> Any:
-    path = ROOT / "roles" / "containerd_config" / "filter_plugins" / "containerd_config.py"
-    spec = importlib.util.spec_from_file_location("containerd_config_filter_gpu", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cc = _filter()
+cc = role_plugins.containerd_config()
 VERSIONS = {"1.6": "containerd 1.6.20", "1.7": "containerd 1.7.24", "2.1": "containerd v2 2.1.9"}
+# The device plugin as the GPU Operator sets it up with cdi.enabled (object_controls.go
+# transformDevicePluginCtrForCDI) and without (the manifest's envvar).
+CDI_PLUGIN = kube_gpu.DevicePlugin.from_env({"DEVICE_LIST_STRATEGY": "cdi-annotations,cdi-cri"})
+ENVVAR_PLUGIN = kube_gpu.DevicePlugin.from_env({"DEVICE_LIST_STRATEGY": "envvar"})
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +56,21 @@ def cdi_spec(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[s
         "  cuda_version_major: 13\n  cuda_version_minor: 0\n" + (nvml.mock_config(doc) or "")
     )
     res = subprocess.run(
-        [str(vendor.nvidia_ctk()), "cdi", "generate", "--driver-root", str(root), "--dev-root", str(root)],
+        [
+            str(vendor.nvidia_ctk()),
+            "cdi",
+            "generate",
+            "--driver-root",
+            str(root),
+            "--dev-root",
+            str(root),
+            "--vendor",
+            kube_gpu.PLUGIN_CDI_VENDOR,
+            "--class",
+            "gpu",
+            "--device-name-strategy",
+            "uuid",
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "MOCK_NVML_CONFIG": str(config), "LD_LIBRARY_PATH": str(lib)},
@@ -82,13 +90,13 @@ def _host(tmp_path: Path, generation: str, settings: dict[str, Any], spec: str) 
     (tmp_path / "etc/containerd").mkdir(parents=True)
     (tmp_path / "etc/containerd/config.toml").write_text(text)
     (tmp_path / "var/run/cdi").mkdir(parents=True)
-    (tmp_path / "var/run/cdi/nvidia.yaml").write_text(spec)
+    (tmp_path / "var/run/cdi/k8s.device-plugin.nvidia.com-gpu.yaml").write_text(spec)
     return Host(root=tmp_path)
 
 
 def test_cdi_devices_reach_the_container_where_containerd_has_cdi_on(tmp_path: Path, cdi_spec: Any) -> None:
     spec, gpus = cdi_spec
-    got = kube_gpu.access(_host(tmp_path, "1.7", {"enable_cdi": True}, spec), True, None, gpus[2:4])
+    got = kube_gpu.access(_host(tmp_path, "1.7", {"enable_cdi": True}, spec), CDI_PLUGIN, None, gpus[2:4])
     # The device nodes the real spec lists for those GPUs (by UUID, as the device plugin names them).
     assert {"/dev/nvidia2", "/dev/nvidia3", "/dev/nvidiactl"} <= set(got.devices), got
     assert "/dev/nvidia0" not in got.devices
@@ -97,13 +105,37 @@ def test_cdi_devices_reach_the_container_where_containerd_has_cdi_on(tmp_path: P
 
 def test_cdi_devices_are_lost_where_containerd_has_no_cdi(tmp_path: Path, cdi_spec: Any) -> None:
     spec, gpus = cdi_spec
-    got = kube_gpu.access(_host(tmp_path, "1.6", {}, spec), True, None, gpus[:1])
+    got = kube_gpu.access(_host(tmp_path, "1.6", {}, spec), CDI_PLUGIN, None, gpus[:1])
     assert got.devices == [] and "CDI off" in got.how
+    # nvidia as containerd's default runtime does not help: the plugin sets no NVIDIA_VISIBLE_DEVICES.
+    got = kube_gpu.access(
+        _host(tmp_path / "b", "1.6", {"default_runtime": "nvidia"}, spec), CDI_PLUGIN, None, gpus[:1]
+    )
+    assert got.devices == [] and "only as CDI devices" in got.how
+
+
+def test_the_plugins_devices_come_from_its_own_spec(tmp_path: Path, cdi_spec: Any) -> None:
+    """The plugin names devices under its own CDI vendor: nvidia-ctk's nvidia.com spec does not serve it."""
+    spec, gpus = cdi_spec
+    host = _host(tmp_path, "2.1", {}, spec.replace(kube_gpu.PLUGIN_CDI_VENDOR, "nvidia.com"))
+    got = kube_gpu.access(host, CDI_PLUGIN, None, gpus[:1])
+    assert got.devices == [] and "unresolvable CDI devices k8s.device-plugin.nvidia.com/gpu=GPU-" in got.how
+
+
+def test_device_plugin_settings_from_its_environment() -> None:
+    assert CDI_PLUGIN.cdi and not CDI_PLUGIN.envvar and CDI_PLUGIN.id_strategy == "uuid"
+    assert CDI_PLUGIN.spec_path() == "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json"
+    assert ENVVAR_PLUGIN.envvar and not ENVVAR_PLUGIN.cdi
+    assert kube_gpu.DevicePlugin.from_env({}).strategies == ("envvar",)
+    indexed = kube_gpu.DevicePlugin.from_env(
+        {"DEVICE_LIST_STRATEGY": "cdi-cri", "DEVICE_ID_STRATEGY": "index"}
+    )
+    assert indexed.device_name({"uuid": "GPU-x", "index": 3}, 0) == "k8s.device-plugin.nvidia.com/gpu=3"
 
 
 def test_containerd_2_has_cdi_on_by_default(tmp_path: Path, cdi_spec: Any) -> None:
     spec, gpus = cdi_spec
-    assert kube_gpu.access(_host(tmp_path, "2.1", {}, spec), True, None, gpus[:1]).devices
+    assert kube_gpu.access(_host(tmp_path, "2.1", {}, spec), CDI_PLUGIN, None, gpus[:1]).devices
 
 
 @pytest.mark.parametrize(
@@ -118,7 +150,7 @@ def test_envvar_needs_the_nvidia_runtime(
     tmp_path: Path, cdi_spec: Any, settings: dict, handler: str | None, gets_gpu: bool
 ) -> None:
     spec, gpus = cdi_spec
-    got = kube_gpu.access(_host(tmp_path, "1.6", settings, spec), False, handler, gpus[:1])
+    got = kube_gpu.access(_host(tmp_path, "1.6", settings, spec), ENVVAR_PLUGIN, handler, gpus[:1])
     assert bool(got.devices) is gets_gpu, got
     if gets_gpu:
         assert "/dev/nvidia0" in got.devices

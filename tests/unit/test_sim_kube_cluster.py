@@ -420,6 +420,11 @@ def test_helm_release_revisions(cluster: Cluster) -> None:
         out.startswith('Release "rel" does not exist. Installing it now.\nNAME: rel\n')
         and "REVISION: 1\n" in out
     )
+    # An upgrade would run the chart's CRD-upgrade hook job, which the lab cannot run: it says so.
+    rc, _out, err = h("upgrade", "--install", "rel", *args)
+    assert rc == 1 and "gpu-operator-upgrade-crd-hook-sa is a pre-upgrade hook" in err
+    values["operator"] = {"upgradeCRD": False}
+    cluster.cp.write("/root/v.yaml", yaml.safe_dump(values))
     rc, out, _ = h("upgrade", "--install", "rel", *args)
     assert rc == 0 and 'Release "rel" has been upgraded. Happy Helming!' in out and "REVISION: 2\n" in out
     rc, out, _ = h("list", "-A", "-o", "json")
@@ -485,10 +490,12 @@ def test_gpu_operator_validates_against_the_host(cluster: Cluster) -> None:
     and the host driver answers; then the device plugin advertises the GPU; a containerized driver on a
     host that has one crash-loops."""
     g = cluster.gpu
+    # The node's containerd (a version 2 config) has CDI off: the role would choose cdi.enabled=false.
     values = {
         "driver": {"enabled": False},
         "toolkit": {"enabled": False},
-        "operator": {"defaultRuntime": "containerd"},
+        "cdi": {"enabled": False},
+        "operator": {"upgradeCRD": False},
     }
     cluster.cp.write("/root/gpu-operator-values.json", json.dumps(values))
     ns = {
@@ -518,7 +525,7 @@ def test_gpu_operator_validates_against_the_host(cluster: Cluster) -> None:
     kt.wait_for(lambda: _validator(cluster), 60)
     kt.wait_for(lambda: 'no runtime for "nvidia" is configured' in _messages(_validator(cluster)), 30)
     assert _state(cluster) == "notReady"
-    assert "state-operator-validator" in json.dumps(_policy(cluster)["status"]["conditions"])
+    assert "state-operator-validation" in json.dumps(_policy(cluster)["status"]["conditions"])
     labels = cluster.node("gpu1")["metadata"]["labels"]
     assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
     assert labels["nvidia.com/gpu.present"] == "true"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.lab.sim import kube_ctl, kube_helm, kube_pki, kube_store, kube_tmpl
+from provisioner.lab.sim import kube_ctl, kube_helm, kube_pki, kube_store
 from provisioner.lab.sim import kube_jsonpath as jp
 from provisioner.lab.sim import kube_util as u
 from provisioner.lab.sim.kube_host import Host, containerd_config
@@ -56,38 +56,6 @@ def test_jsonpath(template: str, want: str) -> None:
 def test_jsonpath_out_of_range_index_is_an_error() -> None:
     with pytest.raises(jp.JSONPathError):
         jp.render("{.items[5].metadata.name}", NODES)
-
-
-def render(text: str, values: dict[str, object]) -> str:
-    ctx = {"Values": values, "Release": {"Name": "rel", "Namespace": "ns"}, "Chart": {"AppVersion": "v1"}}
-    return kube_tmpl.render_chart_templates({"c/templates/t.yaml": text}, ctx)["c/templates/t.yaml"]
-
-
-@pytest.mark.parametrize(
-    ("text", "values", "want"),
-    [
-        ("a: {{ .Values.x }}", {"x": 3}, "a: 3"),
-        ('a: {{ .Values.x | default "d" | quote }}', {}, 'a: "d"'),
-        ("{{- if .Values.on }}on{{- else }}off{{- end }}", {"on": False}, "off"),
-        ("{{ if and .Values.a (not .Values.b) }}yes{{ end }}", {"a": 1, "b": 0}, "yes"),
-        ("x:\n  {{- toYaml .Values.m | nindent 2 }}", {"m": {"k": "v", "l": [1]}}, "x:\n  k: v\n  l:\n  - 1"),
-        ("{{ range $i, $v := .Values.l }}{{ $i }}={{ $v }};{{ end }}", {"l": ["a", "b"]}, "0=a;1=b;"),
-        ("{{ with .Values.w }}{{ .k }}{{ else }}none{{ end }}", {"w": {"k": "z"}}, "z"),
-        ('{{ printf "%s-%s" .Release.Name .Chart.AppVersion }}', {}, "rel-v1"),
-        ('{{ define "n" }}[{{ . }}]{{ end }}{{ include "n" .Values.x }}', {"x": "q"}, "[q]"),
-        ("{{/* a comment */}}z", {}, "z"),
-        ("{{ .Values.missing.deeper }}", {}, "<no value>"),
-    ],
-)
-def test_go_template(text: str, values: dict[str, object], want: str) -> None:
-    assert render(text, values) == want
-
-
-def test_go_template_errors_name_the_template() -> None:
-    with pytest.raises(kube_tmpl.TemplateError, match=r"t\.yaml"):
-        render('{{ required "driver.version is required" .Values.nope }}', {})
-    with pytest.raises(kube_tmpl.TemplateError):
-        render("{{ if .Values.x }}never closed", {"x": 1})
 
 
 def test_label_and_field_selectors() -> None:

@@ -208,7 +208,8 @@ def test_chart_repository_index_points_at_the_chart(mirror_files: dict[str, byte
     ):
         assert key in chart.values, key
     assert chart.values["driver"]["enabled"] is True and chart.values["nfd"]["enabled"] is True
-    assert "defaultRuntime" in chart.values["operator"]
+    # v25.10.0 has no operator.defaultRuntime (older charts had); CDI is on by default.
+    assert "defaultRuntime" not in chart.values["operator"] and chart.values["cdi"]["enabled"] is True
     assert [s.name for s in chart.subcharts] == ["node-feature-discovery"]
     crds = {d["metadata"]["name"] for t in chart.crds.values() for d in yaml.safe_load_all(t) if d}
     assert "clusterpolicies.nvidia.com" in crds
@@ -237,8 +238,11 @@ def test_flannel_manifest_has_the_real_objects(mirror_files: dict[str, bytes]) -
     assert inits == {"install-cni-plugin", "install-cni"}
 
 
-def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path) -> None:
+def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path, monkeypatch) -> None:
+    from provisioner.lab import vendor
     from provisioner.lab.sim import kube_testing as kt
+
+    monkeypatch.setenv("GPUPROV_LAB_REAL_HELM", str(vendor.helm()))
 
     chart = kube_helm.load_chart_archive(kube.chart_tgz())
     host = kt.SimHost(root=tmp_path, name="x")
@@ -248,7 +252,8 @@ def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path) -> Non
         "driver": {"enabled": False},
         "toolkit": {"enabled": False},
         "nfd": {"enabled": False},
-        "operator": {"defaultRuntime": "containerd"},
+        "cdi": {"enabled": False},
+        "operator": {"upgradeCRD": False},
     }
 
     class NoServer:
@@ -262,12 +267,15 @@ def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path) -> Non
     cp = next(d for d in docs if d["kind"] == "ClusterPolicy")
     assert cp["spec"]["driver"]["enabled"] is False and cp["spec"]["toolkit"]["enabled"] is False
     assert cp["spec"]["devicePlugin"]["enabled"] is True
-    assert cp["spec"]["operator"]["defaultRuntime"] == "containerd"
+    assert cp["spec"]["cdi"]["enabled"] is False and "defaultRuntime" not in cp["spec"]["operator"]
     assert cp["spec"]["validator"]["version"] == "v25.10.0"
     dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-operator")
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v25.10.0"
     assert not any("node-feature-discovery" in d["metadata"]["name"] for d in docs)
-    _m, docs_nfd, _c, _n = kube_helm.render(h, chart, {}, "gpu-operator", "gpu-operator", 1, True)
+    _m, docs_nfd, crds, _n = kube_helm.render(h, chart, {}, "gpu-operator", "gpu-operator", 1, True)
+    assert "nodefeaturerules.nfd.k8s-sigs.io" in {d["metadata"]["name"] for d in crds}
+    # An install renders the CRD-upgrade hook but does not run it (a pre-upgrade hook).
+    assert not any(d["metadata"]["name"].startswith("gpu-operator-upgrade-crd") for d in docs_nfd)
     names = {d["metadata"]["name"] for d in docs_nfd}
     assert "gpu-operator-node-feature-discovery-worker" in names
     worker_cm = next(d for d in docs_nfd if d["metadata"]["name"].endswith("worker-conf"))

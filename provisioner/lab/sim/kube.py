@@ -141,6 +141,21 @@ fi
     }
 
 
+def operator_assets() -> dict[str, SimFile]:
+    """The GPU Operator's real per-state manifests (the vendor's assets/ directory), which the lab's
+    simulated operator, in the control plane, applies (kube_operator)."""
+    from provisioner.lab import vendor
+    from provisioner.lab.sim import kube_operator
+
+    base = vendor.artifact("gpu-operator", "assets")
+    files: dict[str, SimFile] = {}
+    for state, _key, _default in kube_operator.STATES:
+        for path in sorted((base / state).iterdir()):
+            if path.suffix in (".yaml", ".yml") and "openshift" not in path.name:
+                files[f"{kube_operator.ASSETS}/{state}/{path.name}"] = SimFile(path.read_bytes())
+    return files
+
+
 def kube_packages(minor: str) -> list[SimPackage]:
     from provisioner.lab.sim import kube_cri, kube_let
 
@@ -173,6 +188,7 @@ fi
             f"{LIB}/kubelet/kube-apiserver": entry(
                 "kube-apiserver", "kubelet", "kube_api", "kube_api.main(sys.argv[1:])"
             ),
+            **operator_assets(),
             **runtime_files("kubelet"),
             **_doc(
                 "kubelet",
@@ -259,16 +275,26 @@ fi
 
 
 def helm_package() -> SimPackage:
+    """helm: the lab's helm (it keeps releases in the simulated cluster) with the real helm binary it
+    renders charts with (kube_helm.REAL_HELM)."""
+    from provisioner.lab import vendor
+    from provisioner.lab.sim.kube_helm import REAL_HELM
+
     return SimPackage(
         name="helm",
         version=HELM_VERSION,
         repo="helm",
         description="The Kubernetes Package Manager",
+        long_description=(
+            "Charts are rendered by the real helm (v4, at " + REAL_HELM + "), which cannot talk to the\n"
+            "lab's simulated API server; releases are kept there by the lab's helm."
+        ),
         depends=SIM_DEPENDS[:2],
         section="devel",
         homepage="https://helm.sh",
         files={
             "/usr/bin/helm": entry("helm", "helm", "kube_helm", "kube_helm.main(sys.argv[1:])"),
+            REAL_HELM: SimFile(vendor.helm().read_bytes(), 0o755),
             **runtime_files("helm"),
             **_doc("helm", "helm installs charts into the lab's simulated cluster."),
         },
@@ -291,15 +317,23 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def chart_tgz() -> bytes:
-    from provisioner.lab.sim import kube_helm
+    """NVIDIA's GPU Operator chart, packaged as the release was (provisioner.lab.vendor)."""
+    from provisioner.lab import vendor
 
-    return kube_helm.chart_archive(_tree(KUBEFILES / "charts" / "gpu-operator"), "gpu-operator")
+    return vendor.gpu_operator_chart().read_bytes()
 
 
 def chart_index(tgz: bytes) -> bytes:
+    """The chart repository's index.yaml for the chart archive, from its own Chart.yaml."""
+    import io
+    import tarfile
+
     from provisioner.lab.sim import kube_util as ku
 
-    meta = ku.yaml_load((KUBEFILES / "charts" / "gpu-operator" / "Chart.yaml").read_text())
+    with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
+        member = tar.extractfile("gpu-operator/Chart.yaml")
+        assert member is not None
+        meta = ku.yaml_load(member.read().decode())
     entry_doc = {
         **meta,
         "created": "2025-10-21T00:00:00.000000000Z",

@@ -2,10 +2,10 @@
 search and template, against the sim API server.
 
 Charts are real chart archives (Chart.yaml, values.yaml, templates/, crds/, charts/ with dependency
-conditions), rendered with the Go-template subset of kube_tmpl. Releases are stored as real helm 3
-stores them: a Secret ``sh.helm.release.v1.<name>.v<revision>`` of type ``helm.sh/release.v1`` holding
-the gzipped release JSON. Every upgrade makes a new revision, as real helm does; the previous one
-becomes "superseded".
+conditions), rendered by the real helm's `helm template` (see REAL_HELM); the rest is simulated.
+Releases are stored as real helm 3 stores them: a Secret ``sh.helm.release.v1.<name>.v<revision>``
+of type ``helm.sh/release.v1`` holding the gzipped release JSON. Every upgrade makes a new revision,
+as real helm does; the previous one becomes "superseded".
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import kube_tmpl as tmpl
 from . import kube_util as u
 from .kube_client import Client, ClientError, load_kubeconfig
 from .kube_host import Host
@@ -248,6 +247,9 @@ class Chart:
     crds: dict[str, str]
     subcharts: list[Chart] = field(default_factory=list)
     notes: str = ""
+    # What the real helm renders: the chart archive's bytes, or the chart directory's path.
+    archive: bytes = b""
+    directory: str = ""
 
     @property
     def name(self) -> str:
@@ -269,7 +271,9 @@ def load_chart_archive(data: bytes) -> Chart:
                         files[m.name] = fh.read()
     except (tarfile.TarError, OSError) as exc:
         raise HelmError(f"file is not a chart archive: {exc}") from exc
-    return _chart_from_files(files)
+    chart = _chart_from_files(files)
+    chart.archive = data
+    return chart
 
 
 def load_chart_dir(host: Host, path: str) -> Chart:
@@ -279,7 +283,9 @@ def load_chart_dir(host: Host, path: str) -> Chart:
     for p in sorted(base.rglob("*")):
         if p.is_file():
             files[f"{name}/{p.relative_to(base)}"] = p.read_bytes()
-    return _chart_from_files(files)
+    chart = _chart_from_files(files)
+    chart.directory = str(base)
+    return chart
 
 
 def _chart_from_files(files: dict[str, bytes]) -> Chart:
@@ -719,75 +725,90 @@ def _condition(values: Obj, cond: str) -> bool | None:
     return None
 
 
+# The real helm (a helm v4 binary, from a PyPI package) that renders charts: the lab's helm package
+# carries it here; tests off-host name it in GPUPROV_LAB_REAL_HELM. The role installs helm 3.19 on real
+# hosts: `helm template` of one chart renders the same manifests in both.
+REAL_HELM = "/usr/lib/gpuprov-lab/kube/helm/real-helm"
+# The hook phases an install and an upgrade run (helm's pkg/release hook events); a hook of another
+# phase (delete, rollback, test) does not run then, so the lab's helm leaves it out.
+RUN_HOOKS = {True: {"pre-install", "post-install"}, False: {"pre-upgrade", "post-upgrade"}}
+
+
+def real_helm() -> str:
+    import os
+
+    path = os.environ.get("GPUPROV_LAB_REAL_HELM") or REAL_HELM
+    if not os.access(path, os.X_OK):
+        raise HelmError(f"the lab's helm renders charts with the real helm, and {path} is missing")
+    return path
+
+
 def render(
     h: Helm, chart: Chart, values: Obj, name: str, ns: str, revision: int, install: bool
 ) -> tuple[str, list[Obj], list[Obj], str]:
-    """(manifest text, resource docs, CRD docs, notes)."""
+    """(manifest text, resource docs, CRD docs, notes): the real helm's `helm template` of the chart
+    with the user's values, for the cluster's Kubernetes version. CRDs come from the chart's crds/
+    directories (its own and its subcharts'), as helm installs them."""
+    import os
+    import subprocess
+    import tempfile
+
     kv = "v1.33.5"
     with contextlib.suppress(ClientError, ApiError):
         kv = h.client.request("GET", "/version").get("gitVersion", kv)
-    caps = {
-        "KubeVersion": {
-            "Version": kv,
-            "GitVersion": kv,
-            "Major": kv.lstrip("v").split(".")[0],
-            "Minor": kv.split(".")[1],
-        },
-        "APIVersions": [],
-    }
-    release = {
-        "Name": name,
-        "Namespace": ns,
-        "Service": "Helm",
-        "IsInstall": install,
-        "IsUpgrade": not install,
-        "Revision": revision,
-    }
-    templates: dict[str, str] = {}
-    crds: list[Obj] = []
-    manifest_parts: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpuprov-helm-") as tmp:
+        ref = chart.directory
+        if chart.archive:
+            ref = os.path.join(tmp, "chart.tgz")
+            with open(ref, "wb") as fh:
+                fh.write(chart.archive)
+        if not ref:
+            raise HelmError(f"chart {chart.name}: nothing to render (no archive, no directory)")
+        with open(os.path.join(tmp, "values.yaml"), "w") as fh:
+            fh.write(u.yaml_dump(values))
+        values_file = os.path.join(tmp, "values.yaml")
+        argv = [real_helm(), "template", name, ref, "--namespace", ns, "--values", values_file]
+        argv += ["--kube-version", kv]
+        if not install:
+            argv.append("--is-upgrade")
+        env = {"HOME": tmp, "PATH": "/usr/bin:/bin", **{k: os.path.join(tmp, k) for k in (
+            "HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}  # fmt: skip
+        res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    if res.returncode != 0:
+        why = res.stderr.strip().removeprefix("Error: ")
+        raise HelmError(why or f"helm template failed (rc {res.returncode})")
+    parts: list[str] = []
     docs: list[Obj] = []
-    notes = ""
+    for chunk in re.split(r"(?m)^---[ \t]*$", res.stdout):
+        if not chunk.strip():
+            continue
+        doc = u.yaml_load(chunk)
+        if not isinstance(doc, dict) or not doc.get("kind"):
+            continue
+        hook = str((u.dig(doc, "metadata", "annotations") or {}).get("helm.sh/hook") or "")
+        if hook:
+            phases = {p.strip() for p in hook.split(",")}
+            if not phases & RUN_HOOKS[install]:
+                continue
+            raise HelmError(
+                f"{doc['kind']} {u.dig(doc, 'metadata', 'name')} is a {hook} hook: the lab's helm runs no "
+                "hooks (hook jobs need the real images); set the value that turns it off"
+            )
+        docs.append(doc)
+        parts.append(f"---\n{chunk.strip()}\n")
 
-    def walk(c: Chart, vals: Obj, top: bool) -> None:
-        nonlocal notes
-        ctx = {
-            "Values": vals,
-            "Release": release,
-            "Chart": {k[:1].upper() + k[1:]: v for k, v in c.meta.items()},
-            "Capabilities": caps,
-            "Files": {},
-        }
-        rendered = tmpl.render_chart_templates(c.templates, ctx)
-        for tname, text in sorted(rendered.items()):
-            templates[tname] = text
-            for d in u.yaml_load_all(text):
-                if isinstance(d, dict) and d.get("kind"):
-                    docs.append(d)
-            if text.strip():
-                manifest_parts.append(f"---\n# Source: {tname}\n{text.strip()}\n")
-        for _cname, text in sorted(c.crds.items()):
-            crds.extend(d for d in u.yaml_load_all(text) if isinstance(d, dict))
-        if top and c.notes:
-            notes = tmpl.Renderer().render(tmpl.parse(c.notes), ctx, ctx, {"$": ctx})
+    def crd_docs(c: Chart, vals: Obj) -> list[Obj]:
+        # A subchart whose dependency condition is false is left out, its crds/ included (as helm does).
+        own = [d for n in sorted(c.crds) for d in u.yaml_load_all(c.crds[n]) if isinstance(d, dict)]
         deps = {d.get("name"): d for d in c.meta.get("dependencies") or []}
         for sub in c.subcharts:
-            dep = deps.get(sub.name, {})
-            cond = dep.get("condition")
+            cond = deps.get(sub.name, {}).get("condition")
             if cond and _condition(vals, cond) is False:
                 continue
-            sub_vals = u.deep_merge(sub.values, vals.get(sub.name) or {})
-            if "global" in vals:
-                sub_vals["global"] = u.deep_merge(sub_vals.get("global") or {}, vals["global"])
-            walk(sub, sub_vals, False)
+            own += crd_docs(sub, u.deep_merge(sub.values, vals.get(sub.name) or {}))
+        return own
 
-    try:
-        walk(chart, u.deep_merge(chart.values, values), True)
-    except tmpl.TemplateError as exc:
-        raise HelmError(str(exc)) from exc
-    except Exception as exc:
-        raise HelmError(f"YAML parse error: {exc}") from exc
-    return "".join(manifest_parts), docs, crds, notes
+    return "".join(parts), docs, crd_docs(chart, u.deep_merge(chart.values, values)), ""
 
 
 def _ordered(docs: list[Obj]) -> list[Obj]:

@@ -173,6 +173,8 @@ class PodRunner:
 
     # --------------------------------------------------------------------------------- status
     def status(self) -> Obj:
+        if self.old.get("phase") in ("Succeeded", "Failed"):  # a finished pod is not run again
+            return self.old
         now_iso = u.iso()
         start = self.old.get("startTime") or now_iso
         containers = self.spec.get("containers") or []
@@ -245,13 +247,17 @@ class PodRunner:
                         prev,
                     )
                 )
+            elif state == WAIT:  # still running (an init container that waits for something)
+                initialized = False
+                running = u.dig(prev.get(c["name"]) or {}, "state", "running") or {"startedAt": now_iso}
+                init_statuses.append(self._cs(c, False, {"running": running}, prev, started=True))
             else:
                 initialized = False
                 init_statuses.append(self._failing(c, state, msg, prev))
         cstatuses = []
         all_ready = initialized
         phase = "Running" if initialized else "Pending"
-        done = 0
+        done = failed = 0
         for c in containers:
             if not initialized:
                 cstatuses.append(self._cs(c, False, {"waiting": {"reason": "PodInitializing"}}, prev))
@@ -286,11 +292,33 @@ class PodRunner:
                 running = u.dig(prev.get(c["name"]) or {}, "state", "running") or {"startedAt": now_iso}
                 cstatuses.append(self._cs(c, False, {"running": running}, prev, started=True))
                 all_ready = False
+            elif self.spec.get("restartPolicy") == "Never":  # not restarted: it stays terminated
+                term = u.dig(prev.get(c["name"]) or {}, "state", "terminated") or {}
+                cstatuses.append(
+                    self._cs(
+                        c,
+                        False,
+                        {
+                            "terminated": {
+                                "exitCode": 1,
+                                "reason": "Error",
+                                "startedAt": term.get("startedAt", start),
+                                "finishedAt": term.get("finishedAt", now_iso),
+                                **({"message": msg} if msg else {}),
+                            }
+                        },
+                        prev,
+                    )
+                )
+                failed += 1
+                all_ready = False
             else:
                 cstatuses.append(self._failing(c, state, msg, prev))
                 all_ready = False
         if run_once and containers and done == len(containers):
             phase = "Succeeded"
+        elif failed and done + failed == len(containers):
+            phase = "Failed"
         ready = "True" if all_ready else "False"
         conds = [
             {"type": "PodReadyToStartContainers", "status": "True"},
@@ -396,6 +424,9 @@ class PodRunner:
                 name == "worker" or "nfd-worker" in " ".join(map(str, cmd))
             ):
                 return self.nfd_worker(c)
+            waited = _waits_for_file(cmd)
+            if waited is not None:
+                return self.wait_for_file(c, waited)
             fn = GPU_OPERATOR.get(name)
             if fn is not None and ("nvidia" in image or "nvcr.io" in image):
                 return fn(self, c)
@@ -414,23 +445,46 @@ class PodRunner:
         rc = self.k.client.find(self.k.R("runtimeclasses"), "", rc_name) if self.k.client else None
         return (rc or {}).get("handler") or rc_name
 
+    def wait_for_file(self, c: Obj, path: str) -> Result:
+        """`until [ -f PATH ]; do ...; sleep N; done` (the operands' wait for a validation): done once
+        the file is there, through the container's mounts."""
+        found = self.volume(c, path)
+        if found is not None and "hostPath" in found[0]:
+            vol, rest = found
+            if self.host.exists(f"{vol['hostPath']['path'].rstrip('/')}/{rest}"):
+                return OK, ""
+        return WAIT, f"waiting for {path}"
+
+    def device_plugin_env(self) -> dict[str, str]:
+        """The environment of this node's device plugin container (the GPU Operator's DaemonSet): what
+        decides the plugin's Allocate answers. Empty when no device plugin runs here."""
+        assert self.k.client is not None
+        try:
+            pods = self.k.client.list(
+                self.k.R("pods"), None, "app=nvidia-device-plugin-daemonset",
+                f"spec.nodeName={self.k.s.node_name}",
+            )  # fmt: skip
+        except ApiError:
+            return {}
+        for pod in pods:
+            for c in u.dig(pod, "spec", "containers") or []:
+                if c.get("name") == "nvidia-device-plugin":
+                    return {str(e.get("name")): str(e.get("value", "")) for e in c.get("env") or []}
+        return {}
+
     def gpu_workload(self, c: Obj, wanted: int) -> Result:
         """A container that requests nvidia.com/gpu: it runs when it gets GPU device nodes, which
-        kube_gpu works out from `containerd config dump`, the CDI specs and the ClusterPolicy. Its log is
-        the device nodes it would see (what `ls /dev/nvidia*` in it prints)."""
-        from .kube_gpu import access
+        kube_gpu works out from the device plugin's strategies, `containerd config dump` and the CDI
+        specs. Its log is the device nodes it would see (what `ls /dev/nvidia*` in it prints)."""
+        from .kube_gpu import DevicePlugin, access
 
-        try:  # without the GPU Operator (no ClusterPolicy) the device plugin keeps its default, envvar
-            policies = self.k.client.list(self.k.R("clusterpolicies"))
-        except ApiError:
-            policies = []
-        cdi = bool(policies) and bool(u.dig(policies[0], "spec", "cdi", "enabled"))
         try:
             profile = json.loads(self.host.read("/etc/gpuprov-lab/profile.json", "") or "{}")
         except ValueError:
             profile = {}
         gpus = (profile.get("gpus") or [])[:wanted]
-        got = access(self.host, cdi, self.runtime_handler(), gpus)
+        plugin = DevicePlugin.from_env(self.device_plugin_env())
+        got = access(self.host, plugin, self.runtime_handler(), gpus)
         if not got.devices:
             return FAIL, f"ls: /dev/nvidia*: No such file or directory (SIMULATED: no GPU: {got.how})"
         return OK, "\n".join(got.devices) + f"\n(SIMULATED: {got.how})"
@@ -664,6 +718,12 @@ class PodRunner:
         )
 
     def device_plugin(self, c: Obj) -> Result:
+        """The device plugin: NVML must answer; with a CDI device-list strategy it writes its CDI spec
+        (k8s-device-plugin v0.18.0 internal/cdi/cdi.go CreateSpecFile: vendor k8s.device-plugin.nvidia.com,
+        class gpu, devices named by DEVICE_ID_STRATEGY, /var/run/cdi/<vendor>-<class>.json). The lab
+        has the host's real nvidia-ctk generate it (the plugin links the same nvcdi library)."""
+        from .kube_gpu import DevicePlugin
+
         gpus = self.k.gpu_list()
         if not gpus:
             _ok, out = self.k.nvidia_smi()
@@ -672,6 +732,35 @@ class PodRunner:
                 f"Failed to initialize NVML: "
                 f"{out.splitlines()[-1] if out else 'could not load NVML library'}",
             )
+        env = {str(e.get("name")): str(e.get("value", "")) for e in c.get("env") or []}
+        plugin = DevicePlugin.from_env(env)
+        if not plugin.cdi:
+            return OK, ""
+        spec_path = plugin.spec_path()
+        hook = env.get("NVIDIA_CDI_HOOK_PATH") or env.get("NVIDIA_CTK_PATH") or "/usr/bin/nvidia-ctk"
+        argv = [
+            "nvidia-ctk", "cdi", "generate", "--vendor", plugin.vendor, "--class", "gpu",
+            "--device-name-strategy", plugin.id_strategy, "--nvidia-cdi-hook-path", hook,
+            "--output", spec_path,
+        ]  # fmt: skip
+
+        def generate() -> tuple[int, str]:
+            if self.host.which("nvidia-ctk") is None:
+                return 1, (
+                    "SIMULATED (gpuprov lab): the lab's device plugin writes its CDI spec with the "
+                    "host's nvidia-ctk, which is not installed"
+                )
+            res = self.host.run(argv, timeout=60)
+            return res.returncode, (res.stdout + res.stderr).strip()
+
+        key = f"device-plugin-cdi/{self.uid}"
+        rc, out = self.k.cached(key, 3600, generate)
+        if rc != 0:
+            # A plugin that failed restarts (CrashLoopBackOff) and tries again; not on every pass.
+            stamp = (self.k.cache.get(key) or (0.0,))[0]
+            if time.monotonic() - stamp > 30:
+                self.k.cache.pop(key, None)
+            return FAIL, f"failed to create CDI spec file: {out.splitlines()[-1] if out else rc}"
         return OK, ""
 
     def needs_driver(self, c: Obj) -> Result:
@@ -729,6 +818,15 @@ class PodRunner:
             assert self.k.client is not None
             self.k.client.patch(self.k.R("nodes"), "", self.k.s.node_name, {"metadata": {"labels": labels}})
         return OK, ""
+
+
+def _waits_for_file(cmd: list[Any]) -> str | None:
+    """The file a `sh -c "until [ -f FILE ]; do ...; done"` container waits for."""
+    import re
+
+    text = " ".join(str(x) for x in cmd)
+    m = re.search(r"until \[ -f (\S+) \]", text)
+    return m.group(1) if m and cmd[:1] in (["sh"], ["/bin/sh"], ["bash"]) else None
 
 
 def _validations_dir(runner: PodRunner, c: Obj) -> str:

@@ -9,6 +9,7 @@ Not shipped to lab hosts.
 from __future__ import annotations
 
 import io
+import os
 import shlex
 import socket
 import subprocess
@@ -127,6 +128,7 @@ class Services:
         with self.lock:
             if self.api is not None:
                 return
+            use_vendor_artifacts()
             api = kube_api.ApiServer(self.host)
             api.start()
             self.api = api
@@ -310,11 +312,21 @@ def make_node(root: Path, name: str, gpus: int = 0, shared_keys: bool = True) ->
     return h
 
 
+def use_vendor_artifacts() -> None:
+    """Off a lab host, the lab's helm and operator find the real helm binary and the GPU Operator's
+    manifests (which a lab host's packages carry) among the vendor artifacts."""
+    from provisioner.lab import vendor
+
+    os.environ.setdefault("GPUPROV_LAB_REAL_HELM", str(vendor.helm()))
+    os.environ.setdefault("GPUPROV_LAB_OPERATOR_ASSETS", str(vendor.artifact("gpu-operator", "assets")))
+
+
 class Tool:
     """Run a sim CLI in-process: (rc, stdout, stderr)."""
 
     def __init__(self, host: SimHost) -> None:
         self.host = host
+        use_vendor_artifacts()
 
     def kubeadm(self, *args: str, stdin: str = "") -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()

@@ -64,6 +64,8 @@ def _revision(version: str) -> str:
 
 def _repo(version: str) -> str:
     return DRIVERS[version][2]
+
+
 DCGM_VERSION = "1:4.4.1-1"
 # NVIDIA publishes DCGM for debian12, not debian13 (vendor-catalog.yaml).
 DCGM_REPOS = "cuda-debian12"
