@@ -1,9 +1,10 @@
 """Fixtures shared by the whole suite; above all ``lab``: one local lab per test session.
 
-The lab is brought up once per session under a unique name (3 hosts: cp1, gpu1, gpu2) with the real CLI
-and taken down by a finalizer, also when tests fail. Tests that use it are lab tests (marked ``lab``).
-When the engine cannot run here the lab tests are skipped, unless ``GPUPROV_REQUIRE_LAB=1`` (set by
-scripts/test.sh and CI): then they fail loudly, so a broken lab never passes as "skipped".
+The lab is brought up once per session under a unique name (LAB_HOSTS hosts: cp1 and one GPU host per
+containerd generation) with the real CLI and taken down by a finalizer, also when tests fail. Tests that
+use it are lab tests (marked ``lab``). When the engine cannot run here the lab tests are skipped, unless
+``GPUPROV_REQUIRE_LAB=1`` (set by scripts/test.sh and CI): then they fail loudly, so a broken lab never
+passes as "skipped".
 
 The session lab changes as the suite goes on, so every module that uses it says, in ``LAB_PHASE``, which
 state of the lab it needs; lab tests run in the order of ``LAB_PHASES`` (stable within a phase):
@@ -26,7 +27,7 @@ from provisioner.lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory,
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
-    """A lab of 3 hosts (cp1, gpu1, gpu2) for the whole session; always taken down afterwards."""
+    """The session's lab (cp1, gpu1..gpu3); always taken down afterwards."""
     require_lab()
     name = unique_lab_name()
     try:

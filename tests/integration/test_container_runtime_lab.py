@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import tomllib
 from typing import Any
 
@@ -124,42 +125,158 @@ ctr -n gpuprov-test run --rm \
     assert not [d for d in res.stdout.split() if re.match(r"nvidia\d", d)], res.stdout
 
 
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+
+
+def _run_gpu_pod(lab: Any, host: str) -> tuple[bool, str]:
+    """A pod on ``host`` that requests one nvidia.com/gpu, without runtimeClassName, and lists
+    /dev/nvidia*: (whether it succeeded, its log or why it did not)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"gpu-check-{host}", "namespace": "default"},
+        "spec": {
+            "nodeName": host,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "ls",
+                    "image": "registry.example/busybox:1",
+                    "command": ["sh", "-c", "ls /dev/nvidia*"],
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                }
+            ],
+        },
+    }
+    name = pod["metadata"]["name"]
+    try:
+        res = lab.ssh("cp1", f"{KUBECTL} apply -f - <<'EOF'\n{json.dumps(pod)}\nEOF")
+        assert res.returncode == 0, res.stderr
+        phase = ""
+        for _ in range(60):
+            phase = lab.ssh("cp1", f"{KUBECTL} get pod {name} -o jsonpath='{{.status.phase}}'").stdout
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(2)
+        logs = lab.ssh("cp1", f"{KUBECTL} logs {name}").stdout
+        return phase == "Succeeded", f"{phase}: {logs}"
+    finally:
+        lab.ssh("cp1", f"{KUBECTL} delete pod {name} --ignore-not-found --wait=false")
+
+
 def test_a_plain_pod_gets_its_gpu_on_every_gpu_node(bootstrapped: Any) -> None:
     """A pod that requests nvidia.com/gpu without runtimeClassName: the lab kubelet decides what its
-    container sees from the host's real `containerd config dump`, the real CDI spec and the ClusterPolicy
-    the real chart rendered (provisioner/lab/sim/kube_gpu.py)."""
+    container sees from the device plugin's settings (as the real operator set them from the
+    ClusterPolicy the real chart rendered), the host's real `containerd config dump` and the real CDI
+    specs (provisioner/lab/sim/kube_gpu.py)."""
     lab = bootstrapped.lab
-    kubectl = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
     for host in _gpu_hosts(lab):
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"gpu-check-{host}", "namespace": "default"},
-            "spec": {
-                "nodeName": host,
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "ls",
-                        "image": "registry.example/busybox:1",
-                        "command": ["sh", "-c", "ls /dev/nvidia*"],
-                        "resources": {"limits": {"nvidia.com/gpu": 1}},
-                    }
-                ],
-            },
-        }
-        name = pod["metadata"]["name"]
-        try:
-            res = lab.ssh("cp1", f"{kubectl} apply -f - <<'EOF'\n{json.dumps(pod)}\nEOF")
-            assert res.returncode == 0, res.stderr
-            done = lab.ssh(
-                "cp1",
-                f"{kubectl} wait --for=jsonpath='{{.status.phase}}'=Succeeded pod/{name} --timeout=120s",
-                timeout=180,
-            )
-            logs = lab.ssh("cp1", f"{kubectl} logs {name}").stdout
-            assert done.returncode == 0, (host, done.stderr, logs)
-            assert re.search(r"/dev/nvidia\d", logs), (host, logs)
-            assert "/dev/nvidiactl" in logs, (host, logs)
-        finally:
-            lab.ssh("cp1", f"{kubectl} delete pod {name} --ignore-not-found --wait=false")
+        ok, logs = _run_gpu_pod(lab, host)
+        assert ok, (host, logs)
+        assert re.search(r"/dev/nvidia\d", logs), (host, logs)
+        assert "/dev/nvidiactl" in logs, (host, logs)
+
+
+def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(bootstrapped: Any) -> None:
+    """Why the role chooses cdi.enabled for the whole fleet: with it on, the device plugin hands GPUs
+    out only as CDI devices (its own spec, which it writes with the host's nvidia-ctk), so a
+    containerd 1.6 host's pods get none, while the Debian 13 hosts' (CDI on) do."""
+    lab = bootstrapped.lab
+
+    def patch(on: bool) -> str:
+        body = json.dumps({"spec": {"cdi": {"enabled": on}}})
+        return f"{KUBECTL} patch clusterpolicies.nvidia.com cluster-policy --type merge -p '{body}'"
+
+    policy = lab.ssh("cp1", f"{KUBECTL} get clusterpolicies.nvidia.com cluster-policy -o json")
+    assert policy.returncode == 0, policy.stderr
+    assert json.loads(policy.stdout)["spec"]["cdi"]["enabled"] is False  # the fleet has a 1.6 host
+    wait_rollout = (
+        f"{KUBECTL} -n gpu-operator rollout status ds/nvidia-device-plugin-daemonset --timeout=120s"
+    )
+    try:
+        res = lab.ssh("cp1", patch(True))
+        assert res.returncode == 0, res.stderr
+        assert lab.ssh("cp1", wait_rollout, timeout=180).returncode == 0
+        env = lab.ssh(
+            "cp1",
+            f"{KUBECTL} -n gpu-operator get ds nvidia-device-plugin-daemonset "
+            "-o jsonpath='{.spec.template.spec.containers[0].env}'",
+        ).stdout
+        assert {"name": "DEVICE_LIST_STRATEGY", "value": "cdi-annotations,cdi-cri"} in json.loads(env)
+        for host in _gpu_hosts(lab):
+            ok, logs = _run_gpu_pod(lab, host)
+            if lab.hosts[host].os == "bookworm":
+                assert not ok and "only as CDI devices" in logs, (host, logs)
+                continue
+            assert ok, (host, logs)
+            assert re.search(r"/dev/nvidia\d", logs) and "CDI" in logs, (host, logs)
+            spec = lab.ssh(host, "cat /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json")
+            assert json.loads(spec.stdout)["kind"] == "k8s.device-plugin.nvidia.com/gpu", host
+    finally:
+        lab.ssh("cp1", patch(False))
+        lab.ssh("cp1", wait_rollout, timeout=180)
+
+
+REMOVE_NVIDIA = r"""
+import re, sys
+p = "/etc/containerd/config.toml"
+lines = open(p).read().split("\n")
+out, skip = [], False
+for line in lines:
+    head = re.match(r"\s*\[(.*)\]\s*$", line)
+    if head:
+        name = head.group(1).replace("'", '"').rstrip('"')
+        skip = re.search(r"containerd\.runtimes\.nvidia(\.|$)", name) is not None
+    if not skip:
+        out.append(line)
+open(p, "w").write("\n".join(out))
+"""
+
+
+def test_a_rerun_keeps_the_sites_own_settings_and_restores_a_lost_runtime(bootstrapped: Any) -> None:
+    """config.toml is edited as TOML: a site's own settings and comments stay through re-runs, and a file
+    that lost the nvidia runtime (written by hand, or by an older tool) gets it back, with a backup."""
+    from provisioner.lab.testkit import gpuprov
+
+    lab = bootstrapped.lab
+    hosts = _gpu_hosts(lab)
+    site = "oom_score = -999  # site: keep containerd itself out of the OOM killer's way"
+    for host in hosts:
+        res = lab.ssh(
+            host,
+            f"sed -i '/^oom_score *=/d; /^version *=/a {site}' /etc/containerd/config.toml && "
+            "grep -c 'site: keep' /etc/containerd/config.toml",
+        )
+        assert res.stdout.strip() == "1", (host, res.stdout, res.stderr)
+    rerun = gpuprov("bootstrap", "-i", str(lab.inventory), "--only", "nvidia_container_toolkit,kubernetes",
+                    "--yes", "--skip", "verify", "--format", "json", timeout=1800)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads(rerun.stdout)
+    assert {h["host"]: h["changed"] for h in summary["hosts"] if h["host"] in hosts} == dict.fromkeys(
+        hosts, 0
+    )
+    for host in hosts:
+        assert "site: keep" in lab.ssh(host, "cat /etc/containerd/config.toml").stdout, host
+        res = lab.ssh(host, f"python3 - <<'EOF'\n{REMOVE_NVIDIA}\nEOF")
+        assert res.returncode == 0, res.stderr
+        assert (
+            "nvidia"
+            not in _dump(lab, host)["plugins"][CRI[int(_dump(lab, host)["version"])]]["containerd"][
+                "runtimes"
+            ]
+        )
+    again = gpuprov("bootstrap", "-i", str(lab.inventory), "--only", "nvidia_container_toolkit,kubernetes",
+                    "--yes", "--skip", "verify", "--format", "json", timeout=1800)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    for host in hosts:
+        dump = _dump(lab, host)
+        cri = dump["plugins"][CRI[int(dump["version"])]]
+        assert (
+            cri["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"]
+            == "/usr/bin/nvidia-container-runtime"
+        )
+        assert cri["containerd"]["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is True
+        assert int(dump["oom_score"]) == -999, host
+        text = lab.ssh(host, "cat /etc/containerd/config.toml; ls /etc/containerd/").stdout
+        assert "site: keep" in text, host
+        assert re.search(r"config\.toml\.\d+\.\S+~", text), (host, "no backup of the replaced file")

@@ -21,7 +21,7 @@ from provisioner.errors import InputError
 from provisioner.lab import faults, fleet, image, mirror, plan, runc_capfilter
 from provisioner.lab.engine import docker_cli
 from provisioner.lab.state import LabState
-from provisioner.lab.testkit import Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
+from provisioner.lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 LAB_PHASE = "fresh"  # see tests/conftest.py
 
@@ -155,7 +155,7 @@ def test_every_host_answers_ssh_with_host_key_checking(lab: Lab) -> None:
     oses = sorted(h.os for h in lab.hosts.values() if h.gpu_count)
     assert oses == ["bookworm", "trixie", "trixie-containerd2"]
     for name in lab.hosts_on("trixie-containerd2"):
-        res = lab.ssh(name, "apt-cache policy containerd | sed -n 's/ *Candidate: //p'")
+        res = lab.ssh(name, "apt-get update -qq && apt-cache policy containerd | sed -n 's/ *Candidate: //p'")
         assert res.stdout.startswith("2."), res.stdout
 
 
@@ -376,8 +376,8 @@ def test_second_up_keeps_the_hosts(lab: Lab) -> None:
         return dict(line.split() for line in out.splitlines())
 
     before = ids()
-    assert len(before) == 3
-    res = lab.cli("lab", "up", "--hosts", "3")
+    assert len(before) == LAB_HOSTS
+    res = lab.cli("lab", "up", "--hosts", str(LAB_HOSTS))
     assert res.returncode == 0, res.stderr
     assert ids() == before
     assert "creating" not in res.stderr
