@@ -217,30 +217,34 @@ def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(bootst
         lab.ssh("cp1", wait_rollout, timeout=180)
 
 
-REMOVE_NVIDIA = r"""
-import re, sys
-p = "/etc/containerd/config.toml"
-lines = open(p).read().split("\n")
-out, skip = [], False
-for line in lines:
-    head = re.match(r"\s*\[(.*)\]\s*$", line)
-    if head:
-        name = head.group(1).replace("'", '"').rstrip('"')
-        skip = re.search(r"containerd\.runtimes\.nvidia(\.|$)", name) is not None
-    if not skip:
-        out.append(line)
-open(p, "w").write("\n".join(out))
+# A host provisioned the old way: containerd's own default configuration with the nvidia runtime
+# written inline by an older tool (no SystemdCgroup, no CDI, the stock sandbox image), and a site's
+# own setting and comment.
+OLD_LAYOUT = r"""
+import subprocess
+text = subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, check=True).stdout
+v3 = text.lstrip().startswith("version = 3")
+cri = "plugins.'io.containerd.cri.v1.runtime'" if v3 else 'plugins."io.containerd.grpc.v1.cri"'
+assert "oom_score = 0" in text
+site = "oom_score = -999  # site: keep containerd away from the OOM killer"
+text = text.replace("oom_score = 0", site, 1)
+text += "\n# nvidia runtime, written inline by an older tool\n"
+text += f"[{cri}.containerd.runtimes.nvidia]\n  runtime_type = 'io.containerd.runc.v2'\n"
+text += f"  [{cri}.containerd.runtimes.nvidia.options]\n"
+text += "    BinaryName = '/usr/bin/nvidia-container-runtime'\n"
+open("/etc/containerd/config.toml", "w").write(text)
 """
 
 
-def test_a_rerun_keeps_the_sites_own_settings_and_restores_a_lost_runtime(bootstrapped: Any) -> None:
-    """config.toml is edited as TOML: a site's own settings and comments stay through re-runs, and a file
-    that lost the nvidia runtime (written by hand, or by an older tool) gets it back, with a backup."""
+def test_a_rerun_keeps_the_sites_settings_and_converges_an_old_layout(bootstrapped: Any) -> None:
+    """config.toml is edited as TOML: a site's own settings and comments stay through re-runs, and a host
+    provisioned the old way (containerd's default file with the nvidia runtime inline) converges to the
+    role's layout without losing a key, with a backup of the file it replaced."""
     from provisioner.lab.testkit import gpuprov
 
     lab = bootstrapped.lab
     hosts = _gpu_hosts(lab)
-    site = "oom_score = -999  # site: keep containerd itself out of the OOM killer's way"
+    site = "oom_score = -999  # site: keep containerd itself away from the OOM killer"
     for host in hosts:
         res = lab.ssh(
             host,
@@ -257,14 +261,11 @@ def test_a_rerun_keeps_the_sites_own_settings_and_restores_a_lost_runtime(bootst
     )
     for host in hosts:
         assert "site: keep" in lab.ssh(host, "cat /etc/containerd/config.toml").stdout, host
-        res = lab.ssh(host, f"python3 - <<'EOF'\n{REMOVE_NVIDIA}\nEOF")
+        res = lab.ssh(host, f"python3 - <<'EOF'\n{OLD_LAYOUT}\nEOF\nsystemctl restart containerd")
         assert res.returncode == 0, res.stderr
-        assert (
-            "nvidia"
-            not in _dump(lab, host)["plugins"][CRI[int(_dump(lab, host)["version"])]]["containerd"][
-                "runtimes"
-            ]
-        )
+        dump = _dump(lab, host)
+        old_runc = dump["plugins"][CRI[int(dump["version"])]]["containerd"]["runtimes"]["runc"]
+        assert not old_runc["options"].get("SystemdCgroup"), host
     again = gpuprov("bootstrap", "-i", str(lab.inventory), "--only", "nvidia_container_toolkit,kubernetes",
                     "--yes", "--skip", "verify", "--format", "json", timeout=1800)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
@@ -276,6 +277,8 @@ def test_a_rerun_keeps_the_sites_own_settings_and_restores_a_lost_runtime(bootst
             == "/usr/bin/nvidia-container-runtime"
         )
         assert cri["containerd"]["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is True
+        assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+        assert cri.get("enable_cdi", False) is (lab.hosts[host].os != "bookworm"), host
         assert int(dump["oom_score"]) == -999, host
         text = lab.ssh(host, "cat /etc/containerd/config.toml; ls /etc/containerd/").stdout
         assert "site: keep" in text, host

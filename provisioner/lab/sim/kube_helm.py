@@ -743,19 +743,13 @@ def real_helm() -> str:
     return path
 
 
-def render(
-    h: Helm, chart: Chart, values: Obj, name: str, ns: str, revision: int, install: bool
-) -> tuple[str, list[Obj], list[Obj], str]:
-    """(manifest text, resource docs, CRD docs, notes): the real helm's `helm template` of the chart
-    with the user's values, for the cluster's Kubernetes version. CRDs come from the chart's crds/
-    directories (its own and its subcharts'), as helm installs them."""
+def run_real_helm(chart: Chart, args: list[str]) -> str:
+    """Run the real helm on the chart (``helm ARGS[0] [ARGS[1]] CHART ARGS[2:]`` for show, ``helm
+    template NAME CHART ...`` for template), offline, with a throw-away home; its stdout."""
     import os
     import subprocess
     import tempfile
 
-    kv = "v1.33.5"
-    with contextlib.suppress(ClientError, ApiError):
-        kv = h.client.request("GET", "/version").get("gitVersion", kv)
     with tempfile.TemporaryDirectory(prefix="gpuprov-helm-") as tmp:
         ref = chart.directory
         if chart.archive:
@@ -764,22 +758,37 @@ def render(
                 fh.write(chart.archive)
         if not ref:
             raise HelmError(f"chart {chart.name}: nothing to render (no archive, no directory)")
-        with open(os.path.join(tmp, "values.yaml"), "w") as fh:
-            fh.write(u.yaml_dump(values))
-        values_file = os.path.join(tmp, "values.yaml")
-        argv = [real_helm(), "template", name, ref, "--namespace", ns, "--values", values_file]
-        argv += ["--kube-version", kv]
-        if not install:
-            argv.append("--is-upgrade")
+        argv = [real_helm(), *args[:2], ref, *args[2:]]
         env = {"HOME": tmp, "PATH": "/usr/bin:/bin", **{k: os.path.join(tmp, k) for k in (
             "HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}  # fmt: skip
         res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
     if res.returncode != 0:
         why = res.stderr.strip().removeprefix("Error: ")
-        raise HelmError(why or f"helm template failed (rc {res.returncode})")
+        raise HelmError(why or f"helm {args[0]} failed (rc {res.returncode})")
+    return res.stdout
+
+
+def render(
+    h: Helm, chart: Chart, values: Obj, name: str, ns: str, revision: int, install: bool
+) -> tuple[str, list[Obj], list[Obj], str]:
+    """(manifest text, resource docs, CRD docs, notes): the real helm's `helm template` of the chart
+    with the user's values, for the cluster's Kubernetes version. CRDs come from the chart's crds/
+    directories (its own and its subcharts'), as helm installs them."""
+    import os
+    import tempfile
+
+    kv = "v1.33.5"
+    with contextlib.suppress(ClientError, ApiError):
+        kv = h.client.request("GET", "/version").get("gitVersion", kv)
+    with tempfile.TemporaryDirectory(prefix="gpuprov-helm-") as tmp:
+        values_file = os.path.join(tmp, "values.yaml")
+        with open(values_file, "w") as fh:
+            fh.write(u.yaml_dump(values))
+        args = ["template", name, "--namespace", ns, "--values", values_file, "--kube-version", kv]
+        stdout = run_real_helm(chart, args + ([] if install else ["--is-upgrade"]))
     parts: list[str] = []
     docs: list[Obj] = []
-    for chunk in re.split(r"(?m)^---[ \t]*$", res.stdout):
+    for chunk in re.split(r"(?m)^---[ \t]*$", stdout):
         if not chunk.strip():
             continue
         doc = u.yaml_load(chunk)
@@ -1262,22 +1271,11 @@ def cmd_template(h: Helm, pos: list[str]) -> int:
 
 
 def cmd_show(h: Helm, pos: list[str]) -> int:
-    """helm show crds|values|chart: the CRDs of the chart and its subcharts, as helm prints them."""
-    if len(pos) < 2 or pos[0] not in ("crds", "values", "chart"):
-        raise HelmError('"helm show" requires a subcommand (crds, values or chart) and a chart')
+    """helm show crds|values|chart|readme|all: the real helm's answer for the chart (offline)."""
+    if len(pos) < 2 or pos[0] not in ("crds", "values", "chart", "readme", "all"):
+        raise HelmError('"helm show" requires a subcommand (crds, values, chart, readme or all) and a chart')
     chart, _ = resolve_chart(h, pos[1])
-    if pos[0] == "values":
-        h.out.write(u.yaml_dump(chart.values))
-        return 0
-    if pos[0] == "chart":
-        h.out.write(u.yaml_dump(chart.meta))
-        return 0
-
-    def texts(c: Chart) -> list[str]:
-        return [c.crds[k] for k in sorted(c.crds)] + [t for sub in c.subcharts for t in texts(sub)]
-
-    for text in texts(chart):
-        h.out.write("---\n" + text.strip("\n") + "\n")
+    h.out.write(run_real_helm(chart, ["show", pos[0]]))
     return 0
 
 
