@@ -579,6 +579,74 @@ def test_gpu_operator_validates_against_the_host(cluster: Cluster) -> None:
     assert re.search(r"^cluster-policy\s+notReady\s", out, re.M)
 
 
+def _older_chart(tmp: Path) -> bytes:
+    """The real chart packaged as an older release whose ClusterPolicy CRD lacks a field the new one
+    has (cdi): what a cluster installed with an earlier chart carries."""
+    import shutil
+    import subprocess
+
+    from provisioner.lab import vendor
+
+    src = tmp / "gpu-operator"
+    shutil.copytree(vendor.artifact("gpu-operator", "chart"), src)
+    crd_path = src / "crds" / "nvidia.com_clusterpolicies.yaml"
+    crd = yaml.safe_load(crd_path.read_text())
+    for version in crd["spec"]["versions"]:
+        del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["cdi"]
+    crd_path.write_text(yaml.safe_dump(crd))
+    home = {"HELM_CACHE_HOME": str(tmp / "h"), "HELM_CONFIG_HOME": str(tmp / "h"), "HOME": str(tmp)}
+    argv = [str(vendor.helm()), "package", "--version", "v25.3.0", "--app-version", "v25.3.0", "-d", str(tmp)]
+    subprocess.run([*argv, str(src)], check=True, capture_output=True, env={**home, "PATH": "/usr/bin:/bin"})
+    return (tmp / "gpu-operator-v25.3.0.tgz").read_bytes()
+
+
+def _crd_has_cdi(cluster: Cluster) -> bool:
+    rc, out, err = cluster.kubectl("get", "crd", "clusterpolicies.nvidia.com", "-o", "json")
+    assert rc == 0, err
+    props = json.loads(out)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return "cdi" in props["properties"]
+
+
+def test_an_upgrade_from_an_older_chart_gets_the_new_crds_only_when_applied(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """helm installs a chart's CRDs only when they are missing and never upgrades them; the chart's
+    hook job is off (the lab cannot run it, the role turns it off), so the role applies `helm show crds`
+    of the new chart before upgrading. Both halves are checked here with the real helm's output."""
+    h = cluster.helm
+    # A cluster holds one GPU Operator: its cluster-scoped objects (ClusterRole gpu-operator, ...) are
+    # owned by the release that made them, so an earlier release is uninstalled first, as a site would.
+    rc, out, err = h("list", "--all-namespaces", "-o", "json")
+    assert rc == 0, err
+    for rel in json.loads(out):
+        if rel["chart"].startswith("gpu-operator-"):
+            assert h("uninstall", rel["name"], "-n", rel["namespace"])[0] == 0
+    assert cluster.kubectl("delete", "crd", "clusterpolicies.nvidia.com", "--ignore-not-found")[0] == 0
+    (cluster.cp.root / "root").mkdir(exist_ok=True)
+    (cluster.cp.root / "root/old.tgz").write_bytes(_older_chart(tmp_path))
+    values = {"nfd": {"enabled": False}, "driver": {"enabled": False}, "toolkit": {"enabled": False},
+              "operator": {"upgradeCRD": False}}  # fmt: skip
+    cluster.cp.write("/root/up.yaml", yaml.safe_dump(values))
+    ns = ["-n", "upgrade-test", "-f", "/root/up.yaml"]
+    rc, _out, err = h("install", "up", "/root/old.tgz", *ns, "--create-namespace")
+    assert rc == 0, err
+    assert not _crd_has_cdi(cluster)
+    repo = cluster.mirror_url + "/helm-charts/nvidia"
+    new = ["gpu-operator", "--repo", repo, "--version", "v25.10.0"]
+    rc, out, err = h("upgrade", "up", *new, *ns)
+    assert rc == 0 and "REVISION: 2" in out, err
+    assert not _crd_has_cdi(cluster), "helm upgraded a CRD: real helm never does"
+    rc, crds, err = h("show", "crds", *new)
+    assert rc == 0, err
+    cluster.cp.write("/root/crds.yaml", crds)
+    rc, out, err = cluster.kubectl("apply", "-f", "/root/crds.yaml")
+    assert rc == 0 and "customresourcedefinition.apiextensions.k8s.io/clusterpolicies.nvidia.com" in out, err
+    assert _crd_has_cdi(cluster)
+    assert h("uninstall", "up", "-n", "upgrade-test")[0] == 0
+    rc, _out, err = cluster.kubectl("delete", "namespace", "upgrade-test", "--timeout=120s")
+    assert rc == 0, err
+
+
 # ------------------------------------------------------------------------------------------- reset
 
 
@@ -677,63 +745,3 @@ def test_config_file_v1beta4_and_mixed_flags(fresh: kt.SimHost) -> None:
     fresh.write("/root/bad.yaml", "apiVersion: kubeadm.k8s.io/v1beta9\nkind: InitConfiguration\n")
     rc, _out, err = kt.Tool(fresh).kubeadm("init", "--config", "/root/bad.yaml")
     assert rc == 1 and 'no kind "InitConfiguration" is registered for version "kubeadm.k8s.io/v1beta9"' in err
-
-
-def _older_chart(tmp: Path) -> bytes:
-    """The real chart packaged as an older release whose ClusterPolicy CRD lacks a field the new one
-    has (cdi): what a cluster installed with an earlier chart carries."""
-    import shutil
-    import subprocess
-
-    from provisioner.lab import vendor
-
-    src = tmp / "gpu-operator"
-    shutil.copytree(vendor.artifact("gpu-operator", "chart"), src)
-    crd_path = src / "crds" / "nvidia.com_clusterpolicies.yaml"
-    crd = yaml.safe_load(crd_path.read_text())
-    for version in crd["spec"]["versions"]:
-        del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["cdi"]
-    crd_path.write_text(yaml.safe_dump(crd))
-    home = {"HELM_CACHE_HOME": str(tmp / "h"), "HELM_CONFIG_HOME": str(tmp / "h"), "HOME": str(tmp)}
-    argv = [str(vendor.helm()), "package", "--version", "v25.3.0", "--app-version", "v25.3.0", "-d", str(tmp)]
-    subprocess.run([*argv, str(src)], check=True, capture_output=True, env={**home, "PATH": "/usr/bin:/bin"})
-    return (tmp / "gpu-operator-v25.3.0.tgz").read_bytes()
-
-
-def _crd_has_cdi(cluster: Cluster) -> bool:
-    rc, out, err = cluster.kubectl("get", "crd", "clusterpolicies.nvidia.com", "-o", "json")
-    assert rc == 0, err
-    props = json.loads(out)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return "cdi" in props["properties"]
-
-
-def test_an_upgrade_from_an_older_chart_gets_the_new_crds_only_when_applied(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """helm installs a chart's CRDs only when they are missing and never upgrades them; the chart's
-    hook job is off (the lab cannot run it, the role turns it off), so the role applies `helm show crds`
-    of the new chart before upgrading. Both halves are checked here with the real helm's output."""
-    h = cluster.helm
-    assert cluster.kubectl("delete", "crd", "clusterpolicies.nvidia.com", "--ignore-not-found")[0] == 0
-    (cluster.cp.root / "root").mkdir(exist_ok=True)
-    (cluster.cp.root / "root/old.tgz").write_bytes(_older_chart(tmp_path))
-    values = {"nfd": {"enabled": False}, "driver": {"enabled": False}, "toolkit": {"enabled": False},
-              "operator": {"upgradeCRD": False}}  # fmt: skip
-    cluster.cp.write("/root/up.yaml", yaml.safe_dump(values))
-    ns = ["-n", "upgrade-test", "-f", "/root/up.yaml"]
-    rc, _out, err = h("install", "up", "/root/old.tgz", *ns, "--create-namespace")
-    assert rc == 0, err
-    assert not _crd_has_cdi(cluster)
-    repo = cluster.mirror_url + "/helm-charts/nvidia"
-    new = ["gpu-operator", "--repo", repo, "--version", "v25.10.0"]
-    rc, out, err = h("upgrade", "up", *new, *ns)
-    assert rc == 0 and "REVISION: 2" in out, err
-    assert not _crd_has_cdi(cluster), "helm upgraded a CRD: real helm never does"
-    rc, crds, err = h("show", "crds", *new)
-    assert rc == 0, err
-    cluster.cp.write("/root/crds.yaml", crds)
-    rc, out, err = cluster.kubectl("apply", "-f", "/root/crds.yaml")
-    assert rc == 0 and "customresourcedefinition.apiextensions.k8s.io/clusterpolicies.nvidia.com" in out, err
-    assert _crd_has_cdi(cluster)
-    assert h("uninstall", "up", "-n", "upgrade-test")[0] == 0
-    cluster.kubectl("delete", "namespace", "upgrade-test")

@@ -30,7 +30,7 @@ from typing import Any
 from . import kube_pki as pki
 from . import kube_util as u
 from .kube_client import Client, ClientError, load_kubeconfig
-from .kube_host import CONTAINERD_SOCK, Host, containerd_config
+from .kube_host import CONTAINERD_SOCK, ContainerdConfig, Host, containerd_config
 from .kube_store import ApiError, Obj, Resource
 
 VERSION = "v1.33.5"
@@ -594,6 +594,11 @@ class Kubelet:
         value = fn()
         self.cache[key] = (time.monotonic(), value)
         return value
+
+    def containerd(self) -> ContainerdConfig:
+        """containerd's configuration as `containerd config dump` prints it, read at most every few
+        seconds: every pod's sandbox asks for it on every pass, and each dump starts containerd's binary."""
+        return self.cached("containerd-config", 5, lambda: containerd_config(self.host))
 
     def gpu_list(self) -> list[str]:
         """GPUs nvidia-smi -L lists on this host (empty when the driver does not answer)."""

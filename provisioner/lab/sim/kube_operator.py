@@ -112,10 +112,22 @@ def assets_dir() -> Path:
     return here if here.is_dir() else Path(os.environ.get("GPUPROV_LAB_OPERATOR_ASSETS") or ASSETS)
 
 
+# Parsed manifests by state: the operator reads its assets once (as the real one does at start); each
+# reconcile pass works on copies.
+_PARSED: dict[tuple[str, str], list[Obj]] = {}
+
+
 def state_objects(state: str) -> list[Obj]:
     """A state's manifests as the operator loads them (getAssetsFrom): files in name order, OpenShift
-    files skipped; only the kinds the lab's API server has."""
+    files skipped; only the kinds the lab's API server has. Fresh copies on every call."""
     base = assets_dir() / state
+    key = (str(base), state)
+    if key not in _PARSED:
+        _PARSED[key] = _load_state(base)
+    return copy.deepcopy(_PARSED[key])
+
+
+def _load_state(base: Path) -> list[Obj]:
     if not base.is_dir():
         raise OperatorError(f"failed to get assets from {base}: no such directory")
     out: list[Obj] = []

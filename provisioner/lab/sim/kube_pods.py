@@ -22,7 +22,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import kube_util as u
-from .kube_host import containerd_config
 from .kube_store import ApiError, Obj
 
 if TYPE_CHECKING:
@@ -134,7 +133,7 @@ class PodRunner:
         if rc_name:
             rc = self.k.client.find(self.k.R("runtimeclasses"), "", rc_name) if self.k.client else None
             handler = (rc or {}).get("handler") or rc_name
-            if not containerd_config(self.host).has_runtime(handler):
+            if not self.k.containerd().has_runtime(handler):
                 return (
                     f"failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox "
                     f"runtime: "
@@ -484,7 +483,7 @@ class PodRunner:
             profile = {}
         gpus = (profile.get("gpus") or [])[:wanted]
         plugin = DevicePlugin.from_env(self.device_plugin_env())
-        got = access(self.host, plugin, self.runtime_handler(), gpus)
+        got = access(self.host, plugin, self.runtime_handler(), gpus, self.k.containerd())
         if not got.devices:
             return FAIL, f"ls: /dev/nvidia*: No such file or directory (SIMULATED: no GPU: {got.how})"
         return OK, "\n".join(got.devices) + f"\n(SIMULATED: {got.how})"
@@ -676,7 +675,7 @@ class PodRunner:
             return self._validated(
                 c, "toolkit", pod_ready(tk), "waiting for nvidia-container-toolkit-daemonset"
             )
-        ok = containerd_config(self.host).has_runtime("nvidia")
+        ok = self.k.containerd().has_runtime("nvidia")
         return self._validated(
             c,
             "toolkit",
