@@ -1,5 +1,6 @@
 """Real Debian packages of any suite (bookworm, trixie, sid), fetched on this machine for the lab and
-the tests: containerd of each generation, docker.io, runc, and the tools tests run for real.
+the tests: containerd of each generation, docker.io, runc, NVIDIA's nvidia-smi (non-free), and the tools
+tests run for real.
 
 Each suite gets its own apt state under the cache (lists, downloaded .debs), so this machine's own apt
 configuration and package state are never touched. Packages are fetched with ``apt-get download``
@@ -22,6 +23,8 @@ from provisioner.lab import image, paths, proc
 # Suites the lab knows, and what each stands for in the lab.
 SUITES = ("bookworm", "trixie", "sid")
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+# non-free for NVIDIA's own nvidia-smi binary, which Debian redistributes there.
+COMPONENTS = "main non-free"
 # Package lists are refreshed when older than this (sid moves daily; the others rarely).
 LISTS_MAX_AGE_S = 24 * 3600
 
@@ -69,7 +72,7 @@ def _prepare(suite: str) -> list[str]:
     root = state_dir(suite)
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    source = f"deb [signed-by={KEYRING}] {image.debian_mirror_url()} {suite} main\n"
+    source = f"deb [signed-by={KEYRING}] {image.debian_mirror_url()} {suite} {COMPONENTS}\n"
     sources = root / "sources.list"
     if not sources.exists() or sources.read_text() != source:
         sources.write_text(source)

@@ -8,7 +8,7 @@ Two sources:
   manifests, nvidia-mig-parted. They are found in the directory named by ``GPUPROV_VENDOR_DIR``, by
   default ``shared/vendor`` beside the project's checkout. Each kind has its own sub-directory
   (:data:`ARTIFACTS`) with a PROVENANCE.md saying where it came from and how to rebuild it.
-- Debian packages of any suite (containerd 1.6, 1.7 and 2.x, docker.io, runc), through
+- Debian packages of any suite (containerd 1.6, 1.7 and 2.x, docker.io, runc, nvidia-smi), through
   :mod:`provisioner.lab.debian`.
 """
 
@@ -71,6 +71,20 @@ def containerd(generation: str) -> Path:
     if suite is None:
         raise LabError(f"containerd {generation!r}: the lab has {', '.join(CONTAINERD_SUITES)}")
     return debian.unpacked(suite, "containerd").path("usr/bin/containerd")
+
+
+# Debian's build of NVIDIA's nvidia-smi (non-free; the 550 branch in trixie). Debian installs it here
+# and points /usr/bin/nvidia-smi at it.
+NVIDIA_SMI_SUITE = "trixie"
+NVIDIA_SMI_PATH = "usr/lib/nvidia/current/nvidia-smi"
+
+
+def nvidia_smi() -> Path:
+    """NVIDIA's real nvidia-smi binary, from Debian's non-free archive."""
+    path = debian.unpacked(NVIDIA_SMI_SUITE, "nvidia-smi").path(NVIDIA_SMI_PATH)
+    if not path.is_file():
+        raise LabError(f"Debian {NVIDIA_SMI_SUITE}'s nvidia-smi package has no {NVIDIA_SMI_PATH}")
+    return path
 
 
 # A PyPI package that carries real helm (v4) and kubectl binaries: lib/layer.zip inside its .jsii.tgz.

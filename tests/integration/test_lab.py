@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from provisioner.errors import InputError
-from provisioner.lab import faults, fleet, image, mirror, plan, runc_capfilter
+from provisioner.lab import debian, faults, fleet, image, mirror, plan, runc_capfilter, vendor
 from provisioner.lab.engine import docker_cli
 from provisioner.lab.state import LabState
 from provisioner.lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
@@ -299,8 +299,10 @@ def test_simulated_driver_from_the_mirror_answers_nvidia_smi(lab: Lab) -> None:
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
         "nvidia-kernel-open-dkms nvidia-driver-cuda nvidia-smi "
         ">/tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }; "
-        "nvidia-smi -L"
+        "nvidia-smi -L; nvidia-smi | grep -F 'NVIDIA-SMI'"
     )
+    # -L and the table are NVIDIA's real binary (its own version in the header) on the mock NVML.
+    real = debian.unpacked(vendor.NVIDIA_SMI_SUITE, "nvidia-smi").version.split(":")[-1].split("-")[0]
     try:
         res = lab.ssh(name, cmd)
         assert res.returncode == 0, res.stdout + res.stderr
@@ -308,6 +310,8 @@ def test_simulated_driver_from_the_mirror_answers_nvidia_smi(lab: Lab) -> None:
         assert len(lines) == host.gpu_count
         assert all(model in ln for ln in lines), lines
         assert lines[0].startswith(f"GPU 0: NVIDIA {model}")
+        header = rf"NVIDIA-SMI {re.escape(real)} +Driver Version: \d+\.\d+\.\d+"
+        assert re.search(header, res.stdout), res.stdout
     finally:
         lab.ssh(name, "rm -f /etc/apt/sources.list.d/cuda-lab-test.sources")
 

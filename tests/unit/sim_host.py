@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import probes
-from provisioner.lab.sim import catalog, debs, nvidia, profiles
+from provisioner.lab.sim import catalog, debs, nvidia, nvml, profiles
 
 HOSTLIB = Path(nvidia.__file__).parent / "hostfiles" / "usr" / "lib" / "gpuprov-lab" / "python"
 if str(HOSTLIB) not in sys.path:
@@ -63,6 +63,9 @@ class SimHost:
         (root / "etc/gpuprov-lab").mkdir(parents=True, exist_ok=True)
         doc = profiles.profile_document(profile, hostname)
         (root / "etc/gpuprov-lab/profile.json").write_text(json.dumps(doc))
+        config = nvml.mock_config(doc)
+        if config is not None:  # as `gpuprov lab up` writes it
+            (root / "etc/gpuprov-lab/nvml-mock.yaml").write_text(config)
         self.set_faults([])
         self.host = core.Host(root)
 

@@ -5,6 +5,7 @@ and containerd configurations of each generation as the containerd_config role w
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -51,10 +52,9 @@ def cdi_spec(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[s
     (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
     (root / "usr/bin/nvidia-smi").chmod(0o755)
     config = root / "nvml.yaml"
-    config.write_text(
-        f'system:\n  driver_version: "{VERSION}"\n  nvml_version: "13.{VERSION}"\n  cuda_version: "13.0"\n'
-        "  cuda_version_major: 13\n  cuda_version_minor: 0\n" + (nvml.mock_config(doc) or "")
-    )
+    system = {"driver_version": VERSION, "nvml_version": f"13.{VERSION}", "cuda_version": "13.0",
+              "cuda_version_major": 13, "cuda_version_minor": 0}  # fmt: skip
+    config.write_text(json.dumps({"system": system, **(nvml.mock_config_doc(doc) or {})}))
     res = subprocess.run(
         [
             str(vendor.nvidia_ctk()),

@@ -14,6 +14,7 @@ from sim_host import KERNEL, SimHost
 
 from provisioner import probes
 from provisioner.checks import HostFacts, evaluate
+from provisioner.lab import debian, vendor
 from provisioner.lab.sim import profiles
 from provisioner.policy import Expectations
 
@@ -115,15 +116,29 @@ def test_every_profile_parses_like_a_real_host(tmp_path: Path, profile: str) -> 
     assert set(probes.parse_modules(host.probe_results()["modules.txt"].stdout)) == {"nvidia", "nvidia_uvm"}
 
 
-def test_table_has_the_real_layout(tmp_path: Path) -> None:
+def test_the_list_and_the_table_come_from_nvidias_real_nvidia_smi(tmp_path: Path) -> None:
+    """-L and the summary table are NVIDIA's own binary (Debian's non-free build, its own version in
+    the header) reading the mock NVML the simulated module wrote: the driver's version and only the GPUs
+    NVML enumerates."""
+    real = debian.unpacked(vendor.NVIDIA_SMI_SUITE, "nvidia-smi")
+    binary_version = real.version.split(":")[-1].split("-")[0]
     host = SimHost(tmp_path, "a100-4")
     host.driver()
     lines = host.smi()[1].splitlines()
     assert all(len(ln) == 91 for ln in lines[1:] if ln.startswith(("|", "+")))
-    assert lines[2] == (
-        "| NVIDIA-SMI 580.159.04             Driver Version: 580.159.04     CUDA Version: 13.0     |"
-    )
+    assert re.fullmatch(
+        rf"\| NVIDIA-SMI {re.escape(binary_version)} +Driver Version: 580\.159\.04 +CUDA Version: 13\.0 +\|",
+        lines[2],
+    ), lines[2]
+    assert binary_version != sim_host.DRIVER
     assert sum(1 for ln in lines if "NVIDIA A100-SXM4-80GB" in ln) == 4
+    assert "No running processes found" in host.smi()[1]
+    doc = json.loads((host.root / "etc/gpuprov-lab/profile.json").read_text())
+    host.set_faults([{"kind": "gpu-missing", "gpu": 1}])
+    shown = [g for i, g in enumerate(doc["gpus"]) if i != 1]
+    assert host.smi("-L")[1].splitlines() == [
+        f"GPU {i}: {g['name']} (UUID: {g['uuid']})" for i, g in enumerate(shown)
+    ]
 
 
 def test_query_refuses_unknown_fields_and_missing_format(tmp_path: Path) -> None:

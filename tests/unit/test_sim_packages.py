@@ -77,8 +77,14 @@ def test_the_contract_packages_are_published_where_the_roles_look() -> None:
 
 
 # Packages that carry the vendor's real software (NVIDIA's toolkit binaries and scripts, NVIDIA's mock
-# NVML/CUDA libraries): labelled as lab builds, saying what is real.
-REAL = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-ml1", "libcuda1"}
+# NVML/CUDA libraries, NVIDIA's nvidia-smi): labelled as lab builds, saying what is real.
+REAL = {
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-ml1",
+    "libcuda1",
+    "nvidia-smi",
+}
 
 
 @pytest.mark.parametrize(("name", "version"), sorted(CONTRACT))
@@ -114,7 +120,9 @@ def test_driver_relations() -> None:
 
 def test_files_sit_at_the_real_paths() -> None:
     v = "580.159.04-1"
-    assert "/usr/bin/nvidia-smi" in contents(deb("nvidia-smi", v))
+    assert {"/usr/bin/nvidia-smi", "/usr/lib/nvidia/current/nvidia-smi"} <= set(
+        contents(deb("nvidia-smi", v))
+    )
     assert "/lib/systemd/system/nvidia-persistenced.service" in contents(deb("nvidia-persistenced", v))
     assert "/lib/systemd/system/nvidia-fabricmanager.service" in contents(deb("nvidia-fabricmanager", v))
     assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04" in contents(deb("libnvidia-ml1", v))

@@ -14,6 +14,7 @@ The kernel-module packages are real DKMS packages: their postinst runs Debian's 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -104,6 +105,22 @@ MOCK_NVML_PROVENANCE = (
     "answers from the host's simulated GPUs (MOCK_NVML_CONFIG, written while the simulated nvidia module "
     "is loaded)."
 )
+
+
+NVIDIA_SMI_PROVENANCE = (
+    f"NVIDIA's nvidia-smi binary (Debian {vendor.NVIDIA_SMI_SUITE}'s non-free build, "
+    f"/{vendor.NVIDIA_SMI_PATH}) lists the GPUs (-L) and prints the summary table from NVIDIA's mock "
+    "NVML. /usr/bin/nvidia-smi in front of it is SIMULATED: it answers while no driver module is "
+    "loaded or the library and module disagree (the kernel module is simulated), -q and -q -x (the "
+    "real binary crashes on the mock), --version (the binary is its own branch, not the simulated "
+    "driver's), --query-gpu (the simulated hardware faults are not in the mock) and -pm (the mock "
+    "keeps no state)."
+)
+
+
+@functools.cache
+def _real_nvidia_smi() -> bytes:
+    return vendor.nvidia_smi().read_bytes()
 
 
 def _mock_library(name: str) -> bytes:
@@ -320,7 +337,11 @@ def _driver_packages(version: str) -> list[SimPackage]:
             depends=[f"libnvidia-ml1 {same}"],
             section="non-free/utils",
             homepage=HOMEPAGE,
-            files={"/usr/bin/nvidia-smi": tool("smi", "nvidia-smi", driver=version, cuda=cuda)},
+            files={
+                "/usr/bin/nvidia-smi": tool("smi", "nvidia-smi", driver=version, cuda=cuda),
+                f"/{vendor.NVIDIA_SMI_PATH}": SimFile(_real_nvidia_smi(), 0o755),
+            },
+            real=NVIDIA_SMI_PROVENANCE,
         ),
         _persistenced(version),
         SimPackage(

@@ -17,6 +17,7 @@ fails to initialise while no driver is loaded, as it does on a real host.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -37,7 +38,15 @@ HEADER = (
 
 
 def mock_config(profile: dict[str, Any]) -> str | None:
-    """The device part of the mock NVML YAML for a host's profile.json (None for a host without GPUs)."""
+    """The device part of the mock NVML configuration for a host's profile.json (None for a host without
+    GPUs), as JSON (which YAML reads too), so the host's simulated kernel can add the system section and
+    drop the GPUs NVML would not enumerate with nothing but Python's standard library."""
+    doc = mock_config_doc(profile)
+    return None if doc is None else HEADER + json.dumps(doc, indent=1) + "\n"
+
+
+def mock_config_doc(profile: dict[str, Any]) -> dict[str, Any] | None:
+    """The device part of the mock NVML configuration, as a document."""
     gpus = profile.get("gpus") or []
     if not gpus:
         return None
@@ -88,4 +97,4 @@ def mock_config(profile: dict[str, Any]) -> str | None:
         }
         for g in gpus
     ]
-    return HEADER + yaml.safe_dump(base, sort_keys=False)
+    return base

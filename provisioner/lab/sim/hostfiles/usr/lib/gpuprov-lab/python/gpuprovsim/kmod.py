@@ -15,6 +15,7 @@ open module on GPUs older than Turing, the proprietary one on Blackwell, unloadi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import sys
@@ -424,11 +425,21 @@ def render(host: core.Host, st: dict[str, Any]) -> None:
 BRANCH_CUDA = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
 
 
+def nvml_gpus(host: core.Host, st: dict[str, Any]) -> list[dict[str, Any]]:
+    """GPUs NVML enumerates: bound when the module loaded and still on the bus (gpu-missing hides one),
+    in bus order."""
+    module = loaded(st, "nvidia") or {}
+    bound = set(module.get("bound", []))
+    return [g for g in visible_gpus(host) if g["pci_address"] in bound]
+
+
 def _render_nvml(host: core.Host, st: dict[str, Any]) -> None:
     """NVIDIA's mock NVML reads MOCK_NVML_CONFIG (set for every process of a lab host, see
     /etc/environment and systemd's DefaultEnvironment). While the nvidia module is loaded that file is
-    the host's device description (/etc/gpuprov-lab/nvml-mock.yaml, written by `gpuprov lab up`) with
-    the loaded driver's versions; without the module there is no file and nvmlInit fails."""
+    the host's device description (/etc/gpuprov-lab/nvml-mock.yaml, written by `gpuprov lab up` as JSON,
+    which YAML reads too) with the loaded driver's versions and only the GPUs NVML would enumerate (a GPU
+    that fell off the bus is gone, the others renumbered in bus order, as NVML does); without the module
+    there is no file and nvmlInit fails."""
     target = host.run_dir() / "nvml.yaml"
     version = driver_version(st)
     template = host.p(core.NVML_TEMPLATE)
@@ -437,15 +448,21 @@ def _render_nvml(host: core.Host, st: dict[str, Any]) -> None:
         return
     cuda = BRANCH_CUDA.get(version.split(".")[0], "13.0")
     major, minor = cuda.split(".")
-    system = (
-        "system:\n"
-        f'  driver_version: "{version}"\n'
-        f'  nvml_version: "{major}.{version}"\n'
-        f'  cuda_version: "{cuda}"\n'
-        f"  cuda_version_major: {int(major)}\n"
-        f"  cuda_version_minor: {int(minor)}\n"
-    )
-    text = system + template.read_text()
+    lines = template.read_text().splitlines(keepends=True)
+    header = "".join(ln for ln in lines if ln.startswith("#"))
+    doc = json.loads("".join(ln for ln in lines if not ln.startswith("#")))
+    seen = {g["bus_id"].upper() for g in nvml_gpus(host, st)}
+    devices = [d for d in doc.get("devices") or [] if str(d["pci"]["bus_id"]).upper() in seen]
+    for index, device in enumerate(devices):
+        device["index"] = index
+    system = {
+        "driver_version": version,
+        "nvml_version": f"{major}.{version}",
+        "cuda_version": cuda,
+        "cuda_version_major": int(major),
+        "cuda_version_minor": int(minor),
+    }
+    text = header + json.dumps({"system": system, **doc, "devices": devices}, indent=1) + "\n"
     if not target.is_file() or target.read_text() != text:
         tmp = target.with_suffix(".tmp")
         tmp.write_text(text)

@@ -1,10 +1,16 @@
 """Part of the gpuprov lab simulation: ``nvidia-smi`` for the host's simulated GPUs.
 
-Output is generated from the real H200 capture (templates/h200-nvidia-smi-q-x.xml and -q.txt): per GPU
-of the profile the template GPU is copied and its values replaced (name, PCI ids and bus id, UUID,
-memory, VBIOS, power, clocks, link), then the faults in force are applied (volatile uncorrectable ECC
-errors, pending/failed row remaps, a degraded PCIe link, a GPU that is on the bus but not seen by the
-driver). Element names, value formats and the table layout are the real ones.
+The GPU list (-L) and the summary table come from NVIDIA's real nvidia-smi (Debian's non-free build)
+reading NVIDIA's mock NVML (:func:`run_real`). This front end is SIMULATED where the real binary cannot
+answer: the driver states that belong to the (simulated) kernel module, ``-q``/``-q -x`` (the real binary
+crashes on the mock), ``--version`` (the binary's own branch is not the simulated driver's),
+``--query-gpu`` (the simulated faults are not in the mock) and ``-pm``.
+
+Simulated output is generated from the real H200 capture (templates/h200-nvidia-smi-q-x.xml and
+-q.txt): per GPU of the profile the template GPU is copied and its values replaced (name, PCI ids and
+bus id, UUID, memory, VBIOS, power, clocks, link), then the faults in force are applied (volatile
+uncorrectable ECC errors, pending/failed row remaps, a degraded PCIe link, a GPU that is on the bus but
+not seen by the driver). Element names and value formats are the real ones.
 
 The userspace version is that of the installed libnvidia-ml (its file name), the driver version that of
 the loaded module: when they differ NVML fails with the real "Driver/library version mismatch".
@@ -16,6 +22,7 @@ import copy
 import hashlib
 import os
 import re
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -35,6 +42,28 @@ NO_DRIVER = (
     "Make sure that the latest NVIDIA driver is installed and running.\n\n"
 )
 ECC_FAULT_COUNT = 2
+
+
+# NVIDIA's real nvidia-smi (installed by the lab's nvidia-smi package where Debian installs it) answers
+# these from NVIDIA's mock NVML, once this front end has found a loaded driver that agrees with the library
+# and GPUs to list (the kernel module is simulated, so those answers are this module's).
+REAL_SMI = "/usr/lib/nvidia/current/nvidia-smi"
+REAL_MODES = ("list", "table")
+
+
+def run_real(host: core.Host, argv: list[str]) -> int:
+    """Run NVIDIA's nvidia-smi with the caller's arguments against the host's mock NVML."""
+    real = host.p(REAL_SMI)
+    if not os.access(real, os.X_OK):
+        missing = f"gpuprov lab: NVIDIA's nvidia-smi is missing at {REAL_SMI} (reinstall nvidia-smi)\n"
+        raise SmiError(missing, 12)
+    env = dict(os.environ)
+    env["MOCK_NVML_CONFIG"] = str(host.run_dir() / "nvml.yaml")
+    env["LD_LIBRARY_PATH"] = str(host.p(os.path.dirname(LIBNVML)))
+    res = subprocess.run([str(real), *argv], env=env, capture_output=True, text=True, timeout=60, check=False)
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(res.stderr)
+    return res.returncode
 
 
 class SmiError(core.SimError):
@@ -95,9 +124,7 @@ def driver_state(host: core.Host, packaged: str) -> tuple[dict[str, Any], str]:
 
 def visible(host: core.Host, st: dict[str, Any]) -> list[dict[str, Any]]:
     """GPUs NVML enumerates: bound at load, still on the bus (gpu-missing hides one), bus order."""
-    module = kmod.loaded(st, "nvidia") or {}
-    bound = set(module.get("bound", []))
-    return [g for g in kmod.visible_gpus(host) if g["pci_address"] in bound]
+    return kmod.nvml_gpus(host, st)
 
 
 def persistence(st: dict[str, Any], g: dict[str, Any]) -> bool:
@@ -740,9 +767,9 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
             sys.stdout.write("No devices were found\n")
             return RC_NO_DEVICES
         chosen = select(gpus, ids)
-        if mode == "list":
-            text = "".join(f"GPU {gpus.index(g)}: {g['name']} (UUID: {g['uuid']})\n" for g in chosen)
-        elif mode == "q":
+        if mode in REAL_MODES:
+            return run_real(host, argv)
+        if mode == "q":
             text = (xml_text if xml else q_text)(host, st, chosen, version, cuda)
         elif mode == "query":
             text = query(host, st, chosen, version, fields, fmt)
