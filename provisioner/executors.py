@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -73,6 +75,13 @@ def to_shell(command: Sequence[str] | str) -> str:
 
 def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
+
+
+def recorded_seconds(value: object) -> float:
+    """A recorded duration; anything but a finite non-negative number (a string, a list, NaN) is 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if 0 <= value < float("inf") else 0.0
 
 
 # --------------------------------------------------------------------------------------------- local
@@ -410,6 +419,40 @@ class SshExecutor:
 # ----------------------------------------------------------------------------------------- snapshot
 
 
+# A snapshot is untrusted data: each file is read only when it is a regular file directly in the host's
+# directory (never through a symlink, never a device or FIFO), by a plain name, and only up to a size.
+MAX_SNAPSHOT_FILE = 16 * 1024 * 1024
+MAX_SNAPSHOT_META = 4 * 1024 * 1024
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class SnapshotFileRefused(GpuprovError):
+    """A snapshot file that is not read (a link, a device, a FIFO, a bad name, too big)."""
+
+
+def read_snapshot_file(host_dir: Path, name: str, limit: int = MAX_SNAPSHOT_FILE) -> bytes | None:
+    """The bytes of one file of a host's snapshot directory; None when there is no such file."""
+    if not _SNAPSHOT_NAME.fullmatch(name):
+        raise SnapshotFileRefused(f"{name!r} is not a plain file name")
+    path = host_dir / name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise SnapshotFileRefused(f"{path} is a symbolic link") from exc
+        raise SnapshotFileRefused(f"{path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise SnapshotFileRefused(f"{path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise SnapshotFileRefused(f"{path} is larger than {limit // (1024 * 1024)} MiB")
+    return data
+
+
 class SnapshotExecutor:
     """Replays one host directory of a snapshot (docs: host-snapshot contract).
 
@@ -422,10 +465,14 @@ class SnapshotExecutor:
         self.host_dir = host_dir
         meta_path = host_dir / "meta.json"
         try:
-            self.meta: dict[str, Any] = json.loads(meta_path.read_text())
-        except FileNotFoundError as exc:
-            raise InputError(f"{host_dir}: not a snapshot host directory (no meta.json)") from exc
-        except (OSError, ValueError) as exc:
+            raw = read_snapshot_file(host_dir, "meta.json", MAX_SNAPSHOT_META)
+        except SnapshotFileRefused as exc:
+            raise InputError(f"{meta_path}: refused: {exc}") from exc
+        if raw is None:
+            raise InputError(f"{host_dir}: not a snapshot host directory (no meta.json)")
+        try:
+            self.meta: dict[str, Any] = json.loads(raw)
+        except ValueError as exc:
             raise InputError(f"{meta_path}: unreadable snapshot metadata: {exc}") from exc
         if not isinstance(self.meta, dict) or not isinstance(self.meta.get("probes", {}), dict):
             raise InputError(f"{meta_path}: snapshot metadata must be an object with a 'probes' object")
@@ -438,24 +485,27 @@ class SnapshotExecutor:
         return str(err) if err else None
 
     def recorded(self, name: str) -> tuple[dict[str, Any] | None, str | None]:
-        """(meta entry, file text) for one probe; either may be None when not collected."""
+        """(meta entry, file text) for one probe; either may be None when not collected.
+        SnapshotFileRefused when the file is there but may not be read."""
         entry = self.meta.get("probes", {}).get(name)
-        path = self.host_dir / name
-        text: str | None = None
-        if path.is_file():
-            text = _decode(path.read_bytes())
+        data = read_snapshot_file(self.host_dir, name)
+        text = None if data is None else _decode(data)
         return (entry if isinstance(entry, dict) else None), text
 
     def run(self, command: Sequence[str] | str, timeout: float) -> CommandResult:
         wanted = to_shell(command).strip()
         for name, entry in self.meta.get("probes", {}).items():
             if isinstance(entry, dict) and str(entry.get("command", "")).strip() == wanted:
-                _, text = self.recorded(name)
+                try:
+                    _, text = self.recorded(name)
+                except SnapshotFileRefused as exc:
+                    return CommandResult(126, "", f"refused in snapshot: {exc}", 0.0)
+                rc = entry.get("rc", 0)
                 return CommandResult(
-                    int(entry.get("rc", 0)),
+                    rc if isinstance(rc, int) and not isinstance(rc, bool) else 1,
                     text or "",
                     str(entry.get("stderr", "")),
-                    float(entry.get("duration_s", 0.0)),
+                    recorded_seconds(entry.get("duration_s")),
                 )
         return CommandResult(127, "", f"not recorded in snapshot {self.host_dir}", 0.0)
 

@@ -23,6 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import defusedxml
+import defusedxml.ElementTree as defused_et
+
 # A probe that decides it does not apply here (no kubeconfig, no dcgmi, no such config file)
 # exits with this code and says why on stderr. It is "not applicable", not a failure.
 RC_NOT_APPLICABLE = 200
@@ -520,7 +523,12 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
     if not text.strip():
         raise ParseError("nvidia-smi -q -x printed nothing")
     try:
-        root = ET.fromstring(text)
+        # Host output is untrusted: real nvidia-smi writes a DOCTYPE naming its DTD (kept allowed), but
+        # entity declarations (entity expansion bombs) and external references are refused outright
+        # instead of resting on the linked expat's limits.
+        root = defused_et.fromstring(text, forbid_dtd=False, forbid_entities=True, forbid_external=True)
+    except defusedxml.DefusedXmlException as exc:
+        raise ParseError("nvidia-smi -q -x output declares XML entities (nvidia-smi never does)") from exc
     except ET.ParseError as exc:
         raise ParseError(f"nvidia-smi -q -x output is not well-formed XML (truncated?): {exc}") from exc
     if root.tag != "nvidia_smi_log":

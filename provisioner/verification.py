@@ -37,8 +37,10 @@ from provisioner.executors import (
     ExecutorError,
     LocalExecutor,
     SnapshotExecutor,
+    SnapshotFileRefused,
     SshExecutor,
     SshTarget,
+    recorded_seconds,
 )
 from provisioner.policy import Expectations, Policy, validate_expectations, with_overrides
 from provisioner.report.model import HostReport, Report
@@ -146,7 +148,11 @@ def collect(
 def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.ProbeResult]:
     out: dict[str, P.ProbeResult] = {}
     for name in names:
-        entry, text = executor.recorded(name)
+        try:
+            entry, text = executor.recorded(name)
+        except SnapshotFileRefused as exc:
+            out[name] = P.ProbeResult(name, None, note=f"refused: {exc}")
+            continue
         if entry is None and text is None:
             out[name] = P.ProbeResult(name, None, note="not collected in this snapshot")
             continue
@@ -157,7 +163,7 @@ def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.Prob
             int(rc) if isinstance(rc, int) else None,
             text or "",
             str(entry.get("stderr", "")),
-            float(entry.get("duration_s", 0.0) or 0.0),
+            recorded_seconds(entry.get("duration_s")),
             note="" if isinstance(rc, int) else "snapshot metadata has no exit status",
         )
     return out
@@ -307,7 +313,10 @@ def snapshot_host_dirs(root: Path, limit: str | None = None) -> list[Path]:
     if (root / "meta.json").is_file():
         dirs = [root]
     else:
-        dirs = sorted(d for d in root.iterdir() if d.is_dir() and (d / "meta.json").is_file())
+        # A host directory is never followed through a symlink: it could point anywhere.
+        dirs = sorted(
+            d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and (d / "meta.json").is_file()
+        )
     if not dirs:
         raise InputError(f"--snapshot {root}: no snapshot here (no meta.json in it or its sub-directories)")
     if limit:

@@ -27,8 +27,9 @@ class HostFacts:
         if res is None:
             raise Unavailable(SKIP, f"{name} was not collected")
         if res.rc is None:
-            cut = "cut short" in res.note or "ended early" in res.note
-            raise Unavailable(ERROR if cut else SKIP, f"{name}: {res.reason()}")
+            # Cut short, or a snapshot file refused (a link, a device, too big): an error, never a skip.
+            bad = "cut short" in res.note or "ended early" in res.note or res.note.startswith("refused:")
+            raise Unavailable(ERROR if bad else SKIP, f"{name}: {res.reason()}")
         return res
 
     def parsed(self, key: str, fn: Callable[[], T]) -> T:

@@ -80,6 +80,23 @@ def test_garbled_xml_inputs() -> None:
         P.parse_nvidia_smi_xml("<nvidia_smi_log><gpu><uuid>x</uuid></gpu></nvidia_smi_log>")
 
 
+def test_xml_entities_from_a_host_are_refused_and_the_real_doctype_is_not() -> None:
+    """The real capture carries a DOCTYPE naming NVIDIA's DTD, which is allowed; entity declarations
+    (an expansion bomb, an external file) are refused before anything is expanded or read."""
+    real = vf.raw("nvidia-smi-q-x.xml")
+    assert '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">' in real
+    assert P.parse_nvidia_smi_xml(real).attached_gpus == 1
+    laughs = "".join(f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, 10))
+    bomb = f'<?xml version="1.0"?><!DOCTYPE nvidia_smi_log [<!ENTITY l0 "lol">{laughs}]>'
+    bomb += "<nvidia_smi_log><driver_version>&l9;</driver_version></nvidia_smi_log>"
+    with pytest.raises(P.ParseError, match="declares XML entities"):
+        P.parse_nvidia_smi_xml(bomb)
+    external = '<?xml version="1.0"?><!DOCTYPE nvidia_smi_log [<!ENTITY x SYSTEM "file:///etc/shadow">]>'
+    external += "<nvidia_smi_log><driver_version>&x;</driver_version></nvidia_smi_log>"
+    with pytest.raises(P.ParseError, match="declares XML entities"):
+        P.parse_nvidia_smi_xml(external)
+
+
 def test_driver_proc_and_module_and_smi_version_real() -> None:
     kd = P.parse_driver_proc(vf.raw("proc-driver-nvidia-version.txt"))
     assert kd.version == "580.159.04"
