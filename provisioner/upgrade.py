@@ -39,6 +39,7 @@ from provisioner.upgrade_plan import (
     judge,
     parse_batch,
     parse_target,
+    printable,
     render_plan,
 )
 from provisioner.upgrade_state import (
@@ -86,6 +87,23 @@ class NodeInfo:
     name: str
     unschedulable: bool
     labels: Mapping[str, str] = field(default_factory=dict)
+    machine_id: str = ""  # status.nodeInfo.machineID (the kubelet reads the node's /etc/machine-id)
+    addresses: tuple[str, ...] = ()  # status.addresses of type InternalIP
+
+
+def not_this_host(info: NodeInfo, probe: HostProbe) -> str | None:
+    """Why the node cannot be proven to be the probed host (None: it is). A host names its own node
+    through its hostname, which it controls: a host calling itself gpu7 must not get gpu7 drained. The
+    node is this host when its machine ID is the host's /etc/machine-id, or one of its InternalIPs is
+    the address the host was reached at."""
+    if probe.machine_id and info.machine_id == probe.machine_id:
+        return None
+    if probe.address and probe.address in info.addresses:
+        return None
+    ips = ", ".join(printable(a) for a in info.addresses) or "none"
+    theirs = f"machine ID {printable(info.machine_id) or 'none'}, InternalIP {ips}"
+    ours = f"machine ID {probe.machine_id or 'unknown'}, address {probe.address or 'unknown'}"
+    return f"is not this host ({theirs}; the host has {ours})"
 
 
 @dataclass(frozen=True)
@@ -451,6 +469,9 @@ class Rollout:
             self.progress(host, "no kube_control_plane host in the inventory: not cordoned or drained")
             self._step(host, STOPPING)
             return True
+        if probe.node_error and not s.node:
+            self._end(host, FAILED, f"{probe.node_error}: not cordoned, drained or upgraded")
+            return False
         node_name = s.node or probe.node or host
         try:
             info = kube.node(node_name)
@@ -463,6 +484,10 @@ class Rollout:
             self.state.update(host, node=None)
             self._step(host, STOPPING)
             return True
+        stranger = not_this_host(info, probe)
+        if stranger:
+            self._end(host, FAILED, f"node {info.name} {stranger}: not cordoned, drained or upgraded")
+            return False
         self.state.update(host, node=info.name)
         if s.was_cordoned is None:
             self.state.update(host, was_cordoned=info.unschedulable)

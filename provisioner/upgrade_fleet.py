@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from provisioner.errors import GpuprovError
 from provisioner.executors import CommandResult, CommandTimeout, ExecutorError, SshExecutor, SshTarget
 from provisioner.policy import Expectations
 from provisioner.upgrade import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
-from provisioner.upgrade_plan import HostProbe, Target
+from provisioner.upgrade_plan import HostProbe, Target, printable, valid_node_name
 
 PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
 STEP_MARK = "UPGRADE STEP "
@@ -80,6 +81,9 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 
 # ------------------------------------------------------------------------------------------ probing
+
+# /etc/machine-id: 32 lower-case hex digits (systemd's machine-id(5)).
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def probe_from_results(host: str, results: Mapping[str, P.ProbeResult], node: str | None) -> HostProbe:
@@ -191,7 +195,9 @@ class KubectlOverSsh:
     # -- Kube interface
 
     def node(self, name: str) -> NodeInfo | None:
-        res = self.kubectl("get", "node", name, "-o", "json")
+        if not valid_node_name(name):
+            raise StepFailed(f"{printable(name)!r} is not a valid Kubernetes node name")
+        res = self.kubectl("get", "node", "-o", "json", "--", name)
         if res.rc != 0:
             # Only the API server's answer means "no such node"; kubectl missing or the API down is a
             # failure (else a host would be upgraded without being drained).
@@ -207,22 +213,29 @@ class KubectlOverSsh:
         except ValueError as exc:
             raise StepFailed(f"kubectl get node {name}: not JSON: {_first_line(res.stdout)}") from exc
         meta = doc.get("metadata") or {}
+        status = doc.get("status") or {}
         return NodeInfo(
             name=str(meta.get("name") or name),
             unschedulable=bool((doc.get("spec") or {}).get("unschedulable")),
             labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+            machine_id=str((status.get("nodeInfo") or {}).get("machineID") or ""),
+            addresses=tuple(
+                str(a.get("address"))
+                for a in status.get("addresses") or []
+                if isinstance(a, dict) and a.get("type") == "InternalIP"
+            ),
         )
 
     def cordon(self, name: str) -> None:
-        self._ok(f"cordon {name}", self.kubectl("cordon", name))
+        self._ok(f"cordon {name}", self.kubectl("cordon", "--", name))
 
     def uncordon(self, name: str) -> None:
-        self._ok(f"uncordon {name}", self.kubectl("uncordon", name))
+        self._ok(f"uncordon {name}", self.kubectl("uncordon", "--", name))
 
     def drain(self, name: str, timeout: float) -> None:
         res = self.kubectl(
-            "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={int(timeout)}s",
-            timeout=timeout + 60,
+            "drain", "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={int(timeout)}s",
+            "--", name, timeout=timeout + 60,
         )  # fmt: skip
         if res.rc != 0:
             raise StepFailed(f"kubectl drain (timeout {int(timeout)}s): {_first_line(res.stderr) or res.rc}")
@@ -253,11 +266,11 @@ class KubectlOverSsh:
         for ns, names in sorted(by_ns.items()):
             self._ok(
                 f"label pods in {ns}",
-                self.kubectl("label", "pods", "-n", ns, *sorted(names), mark, "--overwrite"),
+                self.kubectl("label", "-n", ns, "--overwrite", "--", "pods", *sorted(names), mark),
             )
         res = self.kubectl(
-            "drain", name, "--pod-selector", mark, "--ignore-daemonsets", "--delete-emptydir-data",
-            f"--timeout={int(timeout)}s", timeout=timeout + 60,
+            "drain", "--pod-selector", mark, "--ignore-daemonsets", "--delete-emptydir-data",
+            f"--timeout={int(timeout)}s", "--", name, timeout=timeout + 60,
         )  # fmt: skip
         if res.rc != 0:
             which = ", ".join(f"{ns}/{n}" for ns, names in sorted(by_ns.items()) for n in sorted(names))
@@ -267,7 +280,7 @@ class KubectlOverSsh:
     def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         if labels:
             changes = [f"{k}-" if v is None else f"{k}={v}" for k, v in sorted(labels.items())]
-            res = self.kubectl("label", "node", name, "--overwrite", *changes)
+            res = self.kubectl("label", "--overwrite", "--", "node", name, *changes)
             # Removing a label that is not there is not an error worth failing a host for.
             if res.rc != 0 and not (all(v is None for v in labels.values()) and "not found" in res.stderr):
                 self._ok(f"label node {name}", res)
@@ -286,7 +299,7 @@ class KubectlOverSsh:
 
     def annotate(self, name: str, text: str | None) -> None:
         value = f"{ANNOTATION}-" if text is None else f"{ANNOTATION}={text}"
-        res = self.kubectl("annotate", "node", name, "--overwrite", value)
+        res = self.kubectl("annotate", "--overwrite", "--", "node", name, value)
         if text is not None:
             self._ok(f"annotate node {name}", res)
 
@@ -355,13 +368,22 @@ class RealFleet:
 
             results = collect(ex, PROBES, self.probe_timeout, become=_become(spec))
             res = ex.run(["cat", "/proc/sys/kernel/hostname"], 15)
-            node = res.stdout.strip().lower() if res.rc == 0 and res.stdout.strip() else None
+            hostname = res.stdout.strip().lower() if res.rc == 0 else ""
+            res = ex.run(["cat", "/etc/machine-id"], 15)
+            machine_id = res.stdout.strip() if res.rc == 0 else ""
         except ExecutorError as exc:
             return HostProbe(name, error=exc.reason)
         finally:
             self._live.discard(ex)
             ex.close()
-        return probe_from_results(name, results, node)
+        return replace(
+            probe_from_results(name, results, hostname if valid_node_name(hostname) else None),
+            machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
+            address=ex.target.address,
+            node_error=None
+            if not hostname or valid_node_name(hostname)
+            else f"the host's hostname {printable(hostname)!r} is not a valid Kubernetes node name",
+        )
 
     def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:
         if len(hosts) == 1:

@@ -133,6 +133,11 @@ class HostProbe:
     driver_ok: bool = False  # driver.loaded passed: module loaded and nvidia-smi answers
     driver_detail: str = ""
     error: str | None = None  # why the host could not be probed
+    # Who the host is, to prove a node is this host before touching it: its /etc/machine-id and the
+    # address it was reached at; node_error: why its hostname cannot name a node (host data is untrusted).
+    machine_id: str | None = None
+    address: str | None = None
+    node_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +149,9 @@ class HostProbe:
             "driver_ok": self.driver_ok,
             "driver_detail": self.driver_detail,
             "error": self.error,
+            "machine_id": self.machine_id,
+            "address": self.address,
+            "node_error": self.node_error,
         }
 
     @classmethod
@@ -158,7 +166,25 @@ class HostProbe:
             driver_ok=bool(doc.get("driver_ok")),
             driver_detail=str(doc.get("driver_detail") or ""),
             error=doc.get("error"),
+            machine_id=doc.get("machine_id"),
+            address=doc.get("address"),
+            node_error=doc.get("node_error"),
         )
+
+
+# A Kubernetes node name: an RFC 1123 DNS subdomain (lower case letters, digits, '-' and '.', at most 253
+# characters, each dot-separated label 1-63 characters starting and ending with a letter or digit).
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def valid_node_name(name: str) -> bool:
+    return 0 < len(name) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def printable(text: str, limit: int = 80) -> str:
+    """Host-supplied text for a message: control characters shown escaped, length capped."""
+    shown = text if len(text) <= limit else text[:limit] + "…"
+    return shown.encode("unicode_escape").decode("ascii") if not shown.isprintable() else shown
 
 
 def judge(before: HostProbe, after: HostProbe, target: Target) -> list[str]:

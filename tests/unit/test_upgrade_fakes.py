@@ -38,6 +38,15 @@ class FakeHost:
     annotations: dict[str, str] = field(default_factory=dict)
     installed: str | None = None  # package version on disk, when it differs from the loaded module
     lost: int = 0  # GPUs the driver no longer sees
+    # /etc/machine-id as the host reports it; the node's machineID is the same unless a test says not
+    machine_id: str = ""
+    node_machine_id: str | None = None
+    node_error: str | None = None  # what the real fleet says of a hostname that is no node name
+
+    def __post_init__(self) -> None:
+        import hashlib
+
+        self.machine_id = self.machine_id or hashlib.md5(self.name.encode()).hexdigest()
 
 
 class FakeKube:
@@ -55,7 +64,8 @@ class FakeKube:
         host = self.fleet.hosts.get(name)
         if host is None or not host.node:
             return None
-        return NodeInfo(name, host.unschedulable, dict(host.labels))
+        mid = host.machine_id if host.node_machine_id is None else host.node_machine_id
+        return NodeInfo(name, host.unschedulable, dict(host.labels), machine_id=mid)
 
     def cordon(self, name: str) -> None:
         self.fleet.log("cordon", name)
@@ -151,6 +161,8 @@ class FakeFleet:
                 node=name,
                 driver_ok=loaded is not None,
                 driver_detail="" if loaded else "NVIDIA kernel module not loaded",
+                machine_id=h.machine_id,
+                node_error=h.node_error,
             )
         return out
 

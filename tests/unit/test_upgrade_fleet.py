@@ -118,8 +118,8 @@ NODE = {
 def test_node_read_and_not_found() -> None:
     k, fake = kube(
         {
-            "get node gpu1": [ok(json.dumps(NODE))],
-            "get node gpu9": [err('Error from server (NotFound): nodes "gpu9" not found')],
+            "get node -o json -- gpu1": [ok(json.dumps(NODE))],
+            "get node -o json -- gpu9": [err('Error from server (NotFound): nodes "gpu9" not found')],
         }
     )
     info = k.node("gpu1")
@@ -127,7 +127,7 @@ def test_node_read_and_not_found() -> None:
     assert info.labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
     assert k.node("gpu9") is None
     assert fake.commands[0] == (
-        "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=30s get node gpu1 -o json"
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=30s get node -o json -- gpu1"
     )
 
 
@@ -172,19 +172,19 @@ def test_drain_arguments_and_timeout_reason() -> None:
         'kubectl drain (timeout 20s): error when evicting pods/"blocker" -n "default": '
         "global timeout reached: 20s"
     )
-    assert "drain gpu1 --ignore-daemonsets --delete-emptydir-data --timeout=20s" in fake.commands[0]
+    assert "drain --ignore-daemonsets --delete-emptydir-data --timeout=20s -- gpu1" in fake.commands[0]
 
 
 def test_labels_and_annotations() -> None:
-    k, fake = kube({"annotate node gpu1 --overwrite gpuprov.io/driver-upgrade-": [err("not found")]})
+    k, fake = kube({"annotate --overwrite -- node gpu1 gpuprov.io/driver-upgrade-": [err("not found")]})
     k.set_labels("gpu1", {"nvidia.com/gpu.deploy.dcgm": "paused-for-driver-upgrade", "a": "true"})
     k.annotate("gpu1", "failed: dpkg error")
     k.annotate("gpu1", None)  # removing an absent annotation is fine
     assert fake.commands[0].endswith(
-        "label node gpu1 --overwrite a=true nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade"
+        "label --overwrite -- node gpu1 a=true nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade"
     )
     assert fake.commands[1].endswith(
-        "annotate node gpu1 --overwrite 'gpuprov.io/driver-upgrade=failed: dpkg error'"
+        "annotate --overwrite -- node gpu1 'gpuprov.io/driver-upgrade=failed: dpkg error'"
     )
 
 
@@ -224,11 +224,11 @@ def test_evict_gpu_pods_drains_only_the_gpu_pods() -> None:
     k, fake = kube({"get pods": [ok(json.dumps(listing))]})
     k.evict_gpu_pods("gpu1", 30)
     assert fake.commands[1].endswith(
-        "label pods -n ml infer train gpuprov.io/evict-for-driver-upgrade=gpu1 --overwrite"
+        "label -n ml --overwrite -- pods infer train gpuprov.io/evict-for-driver-upgrade=gpu1"
     )
     assert fake.commands[2].endswith(
-        "drain gpu1 --pod-selector gpuprov.io/evict-for-driver-upgrade=gpu1 --ignore-daemonsets "
-        "--delete-emptydir-data --timeout=30s"
+        "drain --pod-selector gpuprov.io/evict-for-driver-upgrade=gpu1 --ignore-daemonsets "
+        "--delete-emptydir-data --timeout=30s -- gpu1"
     )
     assert len(fake.commands) == 3
 
@@ -372,9 +372,56 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_label_removal() -> None:
-    k, fake = kube({"label node gpu1": [err('label "nvidia.com/gpu.deploy.operands" not found.')]})
+    k, fake = kube({"node gpu1": [err('label "nvidia.com/gpu.deploy.operands" not found.')]})
     k.set_labels("gpu1", {"nvidia.com/gpu.deploy.operands": None})  # already gone: fine
-    assert fake.commands[0].endswith("label node gpu1 --overwrite nvidia.com/gpu.deploy.operands-")
-    k, _ = kube({"label node gpu1": [err("Error from server (Forbidden): nodes is forbidden")]})
+    assert fake.commands[0].endswith("label --overwrite -- node gpu1 nvidia.com/gpu.deploy.operands-")
+    k, _ = kube({"node gpu1": [err("Error from server (Forbidden): nodes is forbidden")]})
     with pytest.raises(StepFailed, match="kubectl label node gpu1: Error from server"):
         k.set_labels("gpu1", {"nvidia.com/gpu.deploy.operands": "false"})
+
+
+# ------------------------------------------------------------------------------- hostile node names
+
+
+HOSTILE_NAMES = ["-l=kubernetes.io/os=linux", "--all", "gpu1 gpu2", "GPU_1", "x,gpu2", "", "a" * 254]
+HOSTILE_NAMES.append("g\x1b[2J")
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_name_that_is_not_a_node_name_never_reaches_kubectl(name: str) -> None:
+    """A host names its node through its hostname, which the host controls: `-l=...` would make
+    `kubectl cordon` select every node. Such a name is refused before any kubectl runs."""
+    k, fake = kube({})
+    with pytest.raises(StepFailed, match="not a valid Kubernetes node name"):
+        k.node(name)
+    assert fake.commands == []
+
+
+def test_every_positional_argument_comes_after_the_end_of_options() -> None:
+    k, fake = kube({"get node": [ok(json.dumps(NODE))]})
+    k.node("gpu1")
+    k.cordon("gpu1")
+    k.uncordon("gpu1")
+    k.drain("gpu1", 20)
+    k.set_labels("gpu1", {"a": "true"})
+    k.annotate("gpu1", "x")
+    for cmd in fake.commands:
+        assert " -- " in cmd and cmd.split(" -- ", 1)[1].split()[-1] != "--", cmd
+        assert "gpu1" not in cmd.split(" -- ", 1)[0], cmd
+
+
+def test_the_node_reports_its_machine_id_and_internal_ips() -> None:
+    node = {
+        **NODE,
+        "status": {
+            "nodeInfo": {"machineID": "0123456789abcdef0123456789abcdef"},
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.5"},
+                {"type": "Hostname", "address": "gpu1"},
+            ],
+        },
+    }
+    k, _ = kube({"get node": [ok(json.dumps(node))]})
+    info = k.node("gpu1")
+    assert info is not None
+    assert (info.machine_id, info.addresses) == ("0123456789abcdef0123456789abcdef", ("10.0.0.5",))

@@ -221,6 +221,31 @@ def test_host_not_a_node_is_upgraded_without_cordon(tmp_path: Path) -> None:
     assert fleet.touched("gpu1") == ["upgrade"]
 
 
+def test_a_node_that_is_not_the_host_is_never_touched(tmp_path: Path) -> None:
+    """gpu1's hostname names node gpu1, but that node's machine ID is another machine's (a host
+    calling itself gpu7 must not get gpu7 drained): gpu1 fails, nothing is cordoned or upgraded."""
+    fleet = fleet_of(2)
+    fleet.hosts["gpu1"].node_machine_id = "f" * 32
+    rollout, state = start(fleet, tmp_path, batch="2", max_fail=1)
+    rollout.run()
+    assert state.hosts["gpu1"].result == "failed"
+    assert "is not this host" in (state.hosts["gpu1"].reason or "")
+    assert fleet.touched("gpu1") == []
+    assert fleet.hosts["gpu1"].unschedulable is False
+    assert state.hosts["gpu2"].result == "upgraded"
+
+
+def test_a_hostname_that_is_no_node_name_fails_the_host_untouched(tmp_path: Path) -> None:
+    fleet = fleet_of(1)
+    fleet.hosts["gpu1"].node_error = "the host's hostname '-l=x' is not a valid Kubernetes node name"
+    rollout, state = start(fleet, tmp_path)
+    rollout.run()
+    assert state.hosts["gpu1"].result == "failed"
+    assert "not a valid Kubernetes node name" in (state.hosts["gpu1"].reason or "")
+    assert fleet.touched("gpu1") == []
+    assert [c for c in fleet.calls if c[0] == "node"] == []
+
+
 def test_unreachable_host_fails_without_being_touched(tmp_path: Path) -> None:
     fleet = fleet_of(2)
     rollout, state = start(fleet, tmp_path, batch="2", max_fail=1)
