@@ -8,6 +8,7 @@ its groups and variables) and maps every parse problem to an InputError that nam
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,11 @@ def _bool(value: Any, default: bool) -> bool:
     return str(value).strip().lower() in _TRUE
 
 
+# Inventory host names gpuprov accepts: what a host name or an IPv4 address needs, and no character that
+# means something in an Ansible host pattern.
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
 class Inventory:
     """A parsed inventory. `select()` applies an Ansible host pattern (as --limit does)."""
 
@@ -93,6 +99,13 @@ class Inventory:
         except AnsibleError as exc:
             raise InputError(f"{source}: cannot parse inventory: {_first_line(exc)}") from exc
         self._variables = VariableManager(loader=self._loader, inventory=self._manager)
+        for name in self._manager.hosts:
+            if not HOST_NAME.fullmatch(name):
+                raise InputError(
+                    f"{source}: host name {name[:80]!r} may hold only letters, digits, '.', '-' and '_' "
+                    "(starting with a letter or digit): gpuprov hands host names to Ansible as --limit "
+                    "patterns, where ',', ':', '*', '!' and '&' select other hosts"
+                )
 
     @property
     def group_names(self) -> list[str]:

@@ -13,7 +13,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,17 +223,26 @@ def run_playbook(
     *,
     record_dir: Path,
     limit: str | None = None,
+    hosts: Sequence[str] | None = None,
     tags: list[str] | None = None,
     check: bool = False,
     forks: int = 20,
     extravars: dict[str, Any] | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> PlaybookResult:
-    """Run one playbook; Ctrl-C cancels it cleanly (result.interrupted) instead of raising."""
+    """Run one playbook; Ctrl-C cancels it cleanly (result.interrupted) instead of raising. `hosts`
+    restricts it to exactly those inventory hosts: they go to Ansible as a limit file (one name per
+    line), never joined into a pattern, where a ',' or ':' in a name would select other hosts."""
     import ansible_runner
 
     private = record_dir / "runner"
     private.mkdir(parents=True, exist_ok=True)
+    if hosts is not None:
+        if limit is not None:
+            raise ValueError("run_playbook: limit and hosts are exclusive")
+        limit_file = record_dir / "limit-hosts.txt"
+        limit_file.write_text("".join(f"{h}\n" for h in hosts))
+        limit = f"@{limit_file.resolve()}"
     result = PlaybookResult(status="error", rc=-1, artifact_dir=private / "artifacts")
     sink = _EventSink(result, on_event)
     cancel = threading.Event()

@@ -439,7 +439,7 @@ class RealFleet:
             PLAYBOOK,
             self.inventory_path,
             record_dir=where,
-            limit=",".join(hosts),
+            hosts=list(hosts),
             forks=max(1, len(hosts)),
             extravars=self.extravars(target, reboot_allowed),
             on_event=on_event,

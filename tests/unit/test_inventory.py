@@ -92,3 +92,31 @@ def test_bad_port_names_host(tmp_path: Path) -> None:
 def test_ssh_option_forms() -> None:
     opts = _ssh_options("-o UserKnownHostsFile=/a -oStrictHostKeyChecking=no -o ConnectTimeout 5")
     assert opts == {"userknownhostsfile": "/a", "stricthostkeychecking": "no", "connecttimeout": "5"}
+
+
+@pytest.mark.parametrize("name", ["x,gpu2", "gpu*", "a:b", "!gpu1", "&gpu1", "~gpu.*", "gpu 1", "-l=x"])
+def test_a_host_name_that_is_an_ansible_pattern_is_refused(tmp_path: Path, name: str) -> None:
+    """Host names reach Ansible as --limit patterns: a name that is itself a pattern would select
+    other hosts (a batch that did not cordon gpu2 would upgrade it)."""
+    inv = tmp_path / "hosts.yml"
+    hosts = f'    gpu2: {{ansible_host: 10.9.0.4}}\n    "{name}": {{ansible_host: 10.9.0.3}}\n'
+    inv.write_text("all:\n  hosts:\n" + hosts)
+    with pytest.raises(InputError) as exc:
+        load_inventory(inv)
+    assert str(inv) in str(exc.value) and "may hold only letters, digits" in str(exc.value)
+
+
+def test_a_playbook_limited_to_hosts_runs_on_exactly_those(tmp_path: Path) -> None:
+    """The hosts of a batch go to Ansible as a limit file, one name per line."""
+    from provisioner.runner import run_playbook
+
+    inv = tmp_path / "hosts.yml"
+    names = ["gpu1", "gpu2", "gpu10", "gpu1.example"]
+    inv.write_text("all:\n  hosts:\n" + "".join(f"    {n}: {{ansible_connection: local}}\n" for n in names))
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n")
+    record = tmp_path / "record"
+    record.mkdir()
+    result = run_playbook(play, inv, record_dir=record, hosts=["gpu1", "gpu1.example"])
+    assert sorted(result.stats) == ["gpu1", "gpu1.example"]
+    assert (record / "limit-hosts.txt").read_text() == "gpu1\ngpu1.example\n"

@@ -354,7 +354,7 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         reboot_allowed=False,
         on_step=lambda h, s: steps.append((h, s)),
     )
-    assert seen["limit"] == "gpu1,gpu2,gpu3,gpu4"
+    assert seen["hosts"] == ["gpu1", "gpu2", "gpu3", "gpu4"] and "limit" not in seen
     assert seen["forks"] == 4
     assert seen["record_dir"] == tmp_path / "install-01"
     assert out["gpu1"].result == "ok"
