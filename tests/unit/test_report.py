@@ -160,3 +160,44 @@ def test_write_output_atomic_and_checked(tmp_path: Path) -> None:
         check_output_path(tmp_path)
     with pytest.raises(InputError, match="unknown format"):
         render(Report([], [], "t"), "html")
+
+
+def test_output_never_replaces_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """Run as root, --output must not turn a symlink, a FIFO or a device node into a report file."""
+    import os
+
+    secret = tmp_path / "shadow"
+    secret.write_text("root:x:0\n")
+    link = tmp_path / "report.json"
+    link.symlink_to(secret)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # A device node of its own (never the machine's /dev/null, which a regression would replace).
+    device = tmp_path / "null"
+    os.mknod(device, 0o20666, os.makedev(1, 3))
+    cases = ((link, "symbolic link"), (fifo, "not a regular file"), (device, "not a regular"))
+    for path, why in cases:
+        with pytest.raises(InputError, match=why):
+            check_output_path(path)
+        with pytest.raises(InputError, match=why):
+            write_output("x", path)
+    assert link.is_symlink() and secret.read_text() == "root:x:0\n"
+    assert fifo.is_fifo() and device.is_char_device()
+    with pytest.raises(InputError, match="cannot create a file"):
+        check_output_path(Path("/proc/gpuprov-report.json"))
+
+
+def test_a_new_report_gets_the_users_umask_and_an_old_one_keeps_its_mode(tmp_path: Path) -> None:
+    import os
+
+    old = os.umask(0o077)
+    try:
+        write_output("x", tmp_path / "new.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o600
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    kept.chmod(0o640)
+    write_output("new", kept)
+    assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new"
