@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from provisioner.errors import InputError
-from provisioner.report.model import FAIL_ON, HostReport, Report
+from provisioner.report.model import FAIL_ON, HostReport, Report, sanitized
 
 FORMATS = ("table", "json", "junit", "prometheus")
 
@@ -30,7 +30,9 @@ def render(
     width: int | None = None,
 ) -> str:
     if fmt == "json":
+        # JSON escapes control characters itself and keeps the data as the host gave it.
         return json.dumps(report.to_dict(), indent=2) + "\n"
+    report = sanitized(report)
     if fmt == "junit":
         from provisioner.report.junit import render_junit
 

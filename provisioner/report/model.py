@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.checks.model import ERROR, FAIL, PASS, RANK, SKIP, STATUSES, WARN, Finding, worst
@@ -103,3 +104,48 @@ class Report:
             "hosts": [h.to_dict() for h in self.hosts],
             "summary": self.summary(),
         }
+
+
+# Control characters (C0 but tab and newline, DEL, C1) and the Unicode controls that reorder or hide text
+# (bidi overrides and isolates, zero-width marks): text from hosts must not drive the terminal, break XML or
+# hide what a report says.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def safe_text(text: str) -> str:
+    """Host-supplied text for display: unsafe characters shown as escapes (\\x1b, \\u202e)."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _safe_data(value: Any) -> Any:
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_text(str(k)): _safe_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_safe_data(v) for v in value]
+    return value
+
+
+def sanitized(report: Report) -> Report:
+    """The report with every string that can come from a host or a snapshot made safe to display."""
+    hosts = [
+        replace(
+            h,
+            host=safe_text(h.host),
+            address=safe_text(h.address) if h.address else h.address,
+            error=safe_text(h.error) if h.error else h.error,
+            collected_at=safe_text(h.collected_at) if h.collected_at else h.collected_at,
+            findings=[
+                replace(
+                    f,
+                    detail=safe_text(f.detail),
+                    bus_id=safe_text(f.bus_id) if f.bus_id else f.bus_id,
+                    data=_safe_data(f.data),
+                )
+                for f in h.findings
+            ],
+        )
+        for h in report.hosts
+    ]
+    return replace(report, hosts=hosts, source=safe_text(report.source))

@@ -91,7 +91,8 @@ def render_table(report: Report, *, color: bool = False, width: int | None = Non
             if not show_all and f.status in (PASS, SKIP):
                 hidden += 1
                 continue
-            table.add_row(f.id, _status(f.status), "" if f.gpu is None else str(f.gpu), f.detail)
+            # Text, not str: a host's words are never read as rich markup.
+            table.add_row(f.id, _status(f.status), "" if f.gpu is None else str(f.gpu), Text(f.detail))
         if table.row_count:
             console.print(table)
         else:
@@ -112,16 +113,23 @@ def render_drift(report: Report, *, color: bool = False, width: int | None = Non
     host_width = max([4, *(len(h.host) for h in report.hosts)])
     needed = host_width + sum(len(SHORT.get(c, c)) + 4 for c in report.checks) + 8
     grid, buf = _console(color, max(width or 120, needed))
-    console = Console(file=buf, force_terminal=color, no_color=not color, width=width or 120, highlight=False,
-                      soft_wrap=False)
-    table = Table(title="fleet drift (host × check)", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    console = Console(
+        file=buf,
+        force_terminal=color,
+        no_color=not color,
+        width=width or 120,
+        highlight=False,
+        soft_wrap=False,
+    )
+    table = Table(
+        title="fleet drift (host × check)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     table.add_column("host", no_wrap=True, min_width=host_width)
     for check_id in report.checks:
         short = SHORT.get(check_id, check_id)
         table.add_column(short, justify="center", no_wrap=True, min_width=len(short))
     for h in report.hosts:
-        cells: list[Text | str] = [h.host]
+        cells: list[Text | str] = [Text(h.host)]
         for check_id in report.checks:
             status = h.status_of(check_id)
             cells.append(Text(MARK[status], style=STYLE[status]) if status else "")
@@ -140,7 +148,8 @@ def render_drift(report: Report, *, color: bool = False, width: int | None = Non
         details.add_column("gpu", justify="right", no_wrap=True)
         details.add_column("detail", overflow="fold")
         for h, f in drifted:
-            details.add_row(h.host, f.id, _status(f.status), "" if f.gpu is None else str(f.gpu), f.detail)
+            gpu = "" if f.gpu is None else str(f.gpu)
+            details.add_row(Text(h.host), f.id, _status(f.status), gpu, Text(f.detail))
         console.print(details)
     console.print()
     console.print(_summary_line(report))

@@ -201,3 +201,31 @@ def test_a_new_report_gets_the_users_umask_and_an_old_one_keeps_its_mode(tmp_pat
     kept.chmod(0o640)
     write_output("new", kept)
     assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new"
+
+
+HOSTILE = "gpu9\x1b]0;owned\x07\x1b[2J\u202e[/red][bold]x\x00"
+
+
+def hostile_report() -> Report:
+    finding = Finding("gpu.xid", "fail", "high", f"Xid 79 from process {HOSTILE}", gpu=0, data={"p": HOSTILE})
+    return Report([HostReport(HOSTILE, [finding], address=HOSTILE)], ["gpu.xid"], "2026-12-03T00:00:00Z")
+
+
+@pytest.mark.parametrize("fmt", ["table", "junit", "prometheus"])
+@pytest.mark.parametrize("drift", [False, True])
+def test_host_text_cannot_drive_the_terminal_or_break_the_output(fmt: str, drift: bool) -> None:
+    """Host names, addresses and details (Xid process names, probe output) come from hosts: no escape
+    sequence, bidi override or NUL reaches the terminal raw, rich markup in them is text, and the JUnit
+    XML stays well-formed."""
+    out = render(hostile_report(), fmt, drift=drift)
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f\u202e]", out), repr(out)
+    assert "\\x1b" in out
+    if fmt == "junit":
+        ET.fromstring(out)
+    if fmt == "table":
+        assert "[/red][bold]x" in out
+
+
+def test_json_keeps_the_hosts_text_escaped_by_json() -> None:
+    doc = json.loads(render(hostile_report(), "json"))
+    assert doc["hosts"][0]["host"] == HOSTILE
