@@ -20,15 +20,22 @@ def runs_dir() -> Path:
     return home() / "runs"
 
 
+# Records hold host facts, inventory variables and Ansible's output: readable by their owner only.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
 def new_record(verb: str) -> Path:
-    """A fresh, unique run record directory."""
+    """A fresh, unique run record directory (0700, under a 0700 runs directory)."""
     base = runs_dir()
-    base.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    os.chmod(base, DIR_MODE)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for n in range(1000):
         path = base / (f"{stamp}-{verb}" if n == 0 else f"{stamp}-{verb}-{n}")
         try:
-            path.mkdir()
+            path.mkdir(mode=DIR_MODE)
+            os.chmod(path, DIR_MODE)
             return path
         except FileExistsError:
             continue
@@ -38,8 +45,21 @@ def new_record(verb: str) -> Path:
 def write_json(path: Path, doc: Any) -> None:
     """Write atomically: a crash never leaves a half-written record file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    os.chmod(tmp, FILE_MODE)
     tmp.replace(path)
+
+
+def make_private(root: Path) -> None:
+    """Owner-only modes on everything under a record (what ansible-runner wrote follows the umask)."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, DIR_MODE)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, FILE_MODE)
 
 
 def latest(verb: str, where: str | None = None) -> Path | None:

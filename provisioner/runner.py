@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner import records
 from provisioner.config import PROJECT_ROOT, ROLES_DIR
 from provisioner.errors import GpuprovError
 from provisioner.stages import STAGE_NAMES
@@ -199,6 +201,30 @@ def ansible_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# What of the caller's environment a run record keeps (ansible-runner stores the whole of it next to the
+# command it ran): what explains how Ansible ran, never the tokens and keys a shell may hold.
+RECORDED_ENV = re.compile(
+    r"(ANSIBLE_\w+|PATH|HOME|USER|LOGNAME|LANG|LC_\w+|TERM|SSH_AUTH_SOCK|PYTHONUNBUFFERED"
+    r"|(?i:https?_proxy|no_proxy|all_proxy))"
+)
+
+
+def _scrub_recorded_env(artifacts: Path) -> None:
+    """Drop every variable the allow-list does not name from ansible-runner's stored command files."""
+    for command in artifacts.glob("*/command"):
+        try:
+            doc = json.loads(command.read_text())
+        except (OSError, ValueError):
+            continue
+        env = doc.get("env")
+        if not isinstance(env, dict):
+            continue
+        kept = {k: v for k, v in env.items() if RECORDED_ENV.fullmatch(k)}
+        doc["env"] = kept
+        doc["env_dropped"] = len(env) - len(kept)
+        records.write_json(command, doc)
+
+
 def ansible_playbook_binary() -> str:
     """ansible-playbook from the same environment as this Python (a venv need not be on PATH)."""
     beside = Path(sys.executable).parent / "ansible-playbook"
@@ -275,6 +301,8 @@ def run_playbook(
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        _scrub_recorded_env(private / "artifacts")
+        records.make_private(record_dir)
     result.status = str(runner.status)
     result.rc = int(runner.rc) if runner.rc is not None else -1
     result.interrupted = cancel.is_set() or result.status == "canceled"
@@ -283,7 +311,5 @@ def run_playbook(
         stdout = private / "artifacts" / "run" / "stdout"
         tail = stdout.read_text(errors="replace").strip().splitlines()[-5:] if stdout.is_file() else []
         raise GpuprovError(f"ansible-playbook did not run ({result.status}): " + " | ".join(tail))
-    (record_dir / "stats.json").write_text(
-        json.dumps({h: s.as_dict() for h, s in sorted(result.stats.items())}, indent=2) + "\n"
-    )
+    records.write_json(record_dir / "stats.json", {h: s.as_dict() for h, s in sorted(result.stats.items())})
     return result

@@ -57,9 +57,13 @@ def result(tmp_path_factory: pytest.TempPathFactory):
     (d / "site.yml").write_text(PLAYBOOK)
     (d / "hosts.yml").write_text(INVENTORY.replace("{python}", sys.executable))
     events = []
-    res = run_playbook(
-        d / "site.yml", d / "hosts.yml", record_dir=d / "record", forks=3, on_event=events.append
-    )
+    secret = {"GPUPROV_TEST_CLOUD_TOKEN": "s3cret-token-value", "SSH_AUTH_SOCK": "/tmp/agent.sock"}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in secret.items():
+            mp.setenv(key, value)
+        res = run_playbook(
+            d / "site.yml", d / "hosts.yml", record_dir=d / "record", forks=3, on_event=events.append
+        )
     return res, events, d
 
 
@@ -98,3 +102,24 @@ def test_events_stream_and_record(result) -> None:
     ]
     assert (d / "record" / "stats.json").is_file()
     assert list((d / "record" / "runner" / "artifacts").rglob("job_events/*.json"))
+
+
+def test_the_record_keeps_no_secrets_and_is_private(result) -> None:
+    """ansible-runner stores the caller's environment next to the command: only the allow-list stays
+    (SSH_AUTH_SOCK, proxies, ANSIBLE_* explain a run; tokens do not), and the record is owner-only."""
+    import json
+    import os
+    import stat
+
+    _, _, d = result
+    record = d / "record"
+    for command in (record / "runner" / "artifacts").glob("*/command"):
+        text = command.read_text()
+        assert "s3cret-token-value" not in text and "GPUPROV_TEST_CLOUD_TOKEN" not in text
+        env = json.loads(text)["env"]
+        assert env["SSH_AUTH_SOCK"] == "/tmp/agent.sock" and "ANSIBLE_CONFIG" in env
+    for dirpath, _dirs, files in os.walk(record):
+        assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700, dirpath
+        for name in files:
+            path = os.path.join(dirpath, name)
+            assert os.path.islink(path) or stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
