@@ -6,6 +6,9 @@ are imported inside the verbs so that `gpuprov --help` stays instant.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -372,4 +375,14 @@ def main() -> None:
     except GpuprovError as exc:
         typer.echo(f"gpuprov: error: {exc}", err=True)
         rc = exc.exit_code
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EBADF, errno.EDQUOT):
+            raise
+        # The report itself could not be written (stdout is full, a pipe closed early): one line, no
+        # traceback; stdout is pointed at /dev/null so the interpreter's own final flush stays quiet.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"gpuprov: error: cannot write the output: {exc.strerror or exc}\n")
+        rc = EXIT_BAD_INPUT
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -232,6 +232,8 @@ def load_policy(path: Path) -> Policy:
         raise InputError(f"{path}: policy file not found") from exc
     except OSError as exc:
         raise InputError(f"{path}: cannot read policy: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -372,6 +373,16 @@ class SnapshotResult:
 def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"-o {out_dir}: exists and is not a directory")
+    # Where the snapshot cannot be written is found before any host is probed.
+    parent = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"-o {out_dir}: {parent} is not writable")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".gpuprov-write-test-", dir=out_dir)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise InputError(f"-o {out_dir}: cannot create the snapshot there: {exc.strerror}") from exc
     for name in names:
         if not name or "/" in name or name in (".", "..") or name.startswith("."):
             raise InputError(f"host name {name!r} cannot be a snapshot directory name")

@@ -1,0 +1,85 @@
+"""Bad input, as a careless or hostile user gives it: each case exits 2 (or reports an error status),
+names the file or key, prints no traceback, and touches nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT = REPO / "tests/fixtures/snapshots/h200-device/vm"
+
+
+def gpuprov(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "provisioner", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+        cwd=REPO,
+    )
+
+
+def no_traceback(res: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in res.stderr and "Traceback" not in (res.stdout or ""), res.stderr
+
+
+def test_a_binary_policy_file_is_named(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yml"
+    policy.write_bytes(b"\x00\xff\xfe binary")
+    res = gpuprov("verify", "--snapshot", str(SNAPSHOT), "--policy", str(policy))
+    no_traceback(res)
+    assert res.returncode == 2 and str(policy) in res.stderr and "not a text file" in res.stderr
+
+
+def test_a_full_stdout_is_one_line_not_a_traceback() -> None:
+    with open("/dev/full", "w") as full:
+        res = gpuprov("verify", "--snapshot", str(SNAPSHOT), stdout=full.fileno())
+    no_traceback(res)
+    assert res.returncode == 2 and "cannot write the output: No space left on device" in res.stderr
+
+
+def test_a_closed_pipe_is_quiet() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisioner", "verify", "--snapshot", str(SNAPSHOT), "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["/proc/gpuprov-snapshot", "/sys/gpuprov-snapshot"])
+def test_an_unwritable_snapshot_destination_is_refused_before_probing(where: str) -> None:
+    res = gpuprov("snapshot", "--local", "-o", where)
+    no_traceback(res)
+    assert res.returncode == 2 and where in res.stderr
+    assert "probing" not in res.stdout.lower()
+
+
+def test_a_snapshot_destination_under_a_file_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = gpuprov("snapshot", "--local", "-o", str(blocker / "snap"))
+    no_traceback(res)
+    assert res.returncode == 2 and str(blocker) in res.stderr
+    assert blocker.read_text() == "x"
+
+
+def test_verify_output_under_proc_is_refused_before_probing(tmp_path: Path) -> None:
+    snap = tmp_path / "snap"
+    shutil.copytree(SNAPSHOT, snap / "vm")
+    res = gpuprov("verify", "--snapshot", str(snap), "-o", "/proc/gpuprov-report.json")
+    no_traceback(res)
+    assert res.returncode == 2 and "/proc/gpuprov-report.json" in res.stderr
