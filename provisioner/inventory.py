@@ -75,6 +75,30 @@ def _bool(value: Any, default: bool) -> bool:
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
+# One term of an Ansible host pattern that is not a regex (~...): names, globs and an optional subscript.
+_LIMIT_TERM = re.compile(r"[!&]?[A-Za-z0-9._*?-]+(\[-?\d*(:-?\d*)?\])?")
+
+
+def check_limit(pattern: str) -> None:
+    """Refuse a --limit Ansible would misread (a lone '[' there selects every host)."""
+    for term in re.split(r"[,:](?![^\[]*\])", pattern):
+        term = term.strip()
+        if not term:
+            continue
+        if term.lstrip("!&").startswith("~"):
+            try:
+                re.compile(term.lstrip("!&")[1:])
+            except re.error as exc:
+                why = f"{term!r} is not a valid regular expression: {exc}"
+                raise InputError(f"--limit {pattern}: {why}") from exc
+            continue
+        if not _LIMIT_TERM.fullmatch(term):
+            raise InputError(
+                f"--limit {pattern}: {term!r} is not a host, group or glob pattern "
+                "(names, * and ?, !excluded, &required, name[0:3], ~regex)"
+            )
+
+
 class Inventory:
     """A parsed inventory. `select()` applies an Ansible host pattern (as --limit does)."""
 
@@ -130,6 +154,7 @@ class Inventory:
     def select(self, limit: str | None = None) -> list[HostSpec]:
         """HostSpecs for `limit` (an Ansible pattern; None = all), in inventory order."""
         pattern = limit or "all"
+        check_limit(pattern)
         from ansible.errors import AnsibleError
 
         try:

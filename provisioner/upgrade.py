@@ -14,6 +14,7 @@ ones, over SSH and ansible-runner); the orchestration here is tested against a f
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import signal
 import sys
@@ -756,8 +757,8 @@ def run_upgrade(
         "reboot_allowed": reboot_allowed,
         "drain_timeout": drain_timeout,
     }
-    if drain_timeout is not None and drain_timeout <= 0:
-        raise InputError(f"--drain-timeout {drain_timeout:g}: must be more than 0 seconds")
+    if drain_timeout is not None and not (0 < drain_timeout < math.inf):
+        raise InputError(f"--drain-timeout {drain_timeout:g}: must be a number of seconds more than 0")
     if not resume and given["to"] is None:
         parse_target(None)  # raises: --to is required
     isatty = stdin_isatty or sys.stdin.isatty

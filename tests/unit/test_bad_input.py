@@ -83,3 +83,22 @@ def test_verify_output_under_proc_is_refused_before_probing(tmp_path: Path) -> N
     res = gpuprov("verify", "--snapshot", str(snap), "-o", "/proc/gpuprov-report.json")
     no_traceback(res)
     assert res.returncode == 2 and "/proc/gpuprov-report.json" in res.stderr
+
+
+SAMPLE = REPO / "inventory/sample/hosts.yml"
+
+
+@pytest.mark.parametrize("limit", ["[", "a b", "~gpu[12", "gpu1;reboot"])
+def test_a_limit_ansible_would_misread_is_refused(limit: str) -> None:
+    """A lone '[' makes Ansible select every host: refused before any host is reached."""
+    res = gpuprov("verify", "-i", str(SAMPLE), "--limit", limit)
+    no_traceback(res)
+    assert res.returncode == 2 and f"--limit {limit}" in res.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
+def test_a_drain_timeout_that_is_no_duration_is_refused(value: str) -> None:
+    res = gpuprov("upgrade-driver", "-i", str(SAMPLE), "--to", "580", "--drain-timeout", value, "--dry-run")
+    no_traceback(res)
+    assert res.returncode == 2 and "--drain-timeout" in res.stderr
+    assert "NaN" not in res.stdout and "Infinity" not in res.stdout
