@@ -123,11 +123,17 @@ def _type_error(value: Any, kind: str) -> str | None:
 def _where(inventory: Path, key: str) -> str:
     """The inventory file that sets `key` (group_vars/host_vars included), for the error message."""
     base = inventory if inventory.is_dir() else inventory.parent
-    candidates = [inventory] if inventory.is_file() else []
-    for sub in ("group_vars", "host_vars"):
-        d = base / sub
-        if d.is_dir():
-            candidates.extend(sorted(p for p in d.rglob("*") if p.is_file()))
+
+    # Most specific first, as Ansible's precedence goes: host_vars, a group's vars, group_vars/all, the
+    # inventory itself (the value a host gets comes from the first of them that sets it).
+    def files(d: Path) -> list[Path]:
+        return sorted(p for p in d.rglob("*") if p.is_file()) if d.is_dir() else []
+
+    groups = files(base / "group_vars")
+    everyone = ("all", "all.yml", "all.yaml")
+    is_all = [p for p in groups if p.relative_to(base / "group_vars").parts[0] in everyone]
+    candidates = files(base / "host_vars") + [p for p in groups if p not in is_all] + is_all
+    candidates += [inventory] if inventory.is_file() else []
     if inventory.is_dir():
         candidates.extend(sorted(p for p in inventory.iterdir() if p.is_file()))
     pattern = re.compile(rf"(^|[\s{{,]){re.escape(key)}\s*[:=]", re.MULTILINE)
@@ -138,6 +144,24 @@ def _where(inventory: Path, key: str) -> str:
         except OSError:
             continue
     return str(inventory)
+
+
+# Value formats the roles assert only once connected (roles/nvidia_driver/vars/main.yml,
+# __nvidia_driver_argument_checks): the same patterns, checked before any host is touched.
+VALUE_FORMATS: dict[str, tuple[str, str]] = {
+    "nvidia_driver_branch": (r"[0-9]{3}", 'a driver branch like "580"'),
+    "nvidia_driver_version": (r"[0-9]{3}\.[0-9]+(\.[0-9]+)?", 'a full driver version like "580.159.04"'),
+    "nvidia_driver_package_revision": (r"(-[0-9A-Za-z.+~]+)?", 'empty or a revision like "-1"'),
+}
+
+
+def _format_problem(key: str, value: Any) -> str | None:
+    fmt = VALUE_FORMATS.get(key)
+    if fmt is None or value is None or _templated(value) or isinstance(value, bool):
+        return None
+    if not re.fullmatch(fmt[0], str(value)):
+        return f"{str(value)[:80]!r} must be {fmt[1]}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,7 +192,7 @@ def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> li
             hint = f"; did you mean {near[0]}?" if near else ""
             problems.append(Problem(host, key, f"unknown setting for role {role}{hint}"))
             continue
-        if why := _type_error(value, knob.type):
+        if why := _type_error(value, knob.type) or _format_problem(key, value):
             problems.append(Problem(host, key, why))
             continue
         if knob.choices and not _templated(value):
@@ -177,6 +201,18 @@ def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> li
             if bad:
                 allowed = ", ".join(map(str, knob.choices))
                 problems.append(Problem(host, key, f"{bad[0]!r} is not one of: {allowed}"))
+    branch, version = hostvars.get("nvidia_driver_branch"), hostvars.get("nvidia_driver_version")
+    if (
+        branch is not None
+        and version is not None
+        and not _format_problem("nvidia_driver_branch", branch)
+        and not _format_problem("nvidia_driver_version", version)
+        and not _templated(branch)
+        and not _templated(version)
+        and str(version).split(".")[0] != str(branch)
+    ):
+        why = f"{version} is not in branch {branch} (nvidia_driver_branch)"
+        problems.append(Problem(host, "nvidia_driver_version", why))
     return problems
 
 

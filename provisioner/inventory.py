@@ -177,13 +177,17 @@ class Inventory:
             strict = _bool(os.environ["ANSIBLE_HOST_KEY_CHECKING"], default=True)
         if checking is not None:
             strict = checking.lower() not in {"no", "off", "false", "accept-new"}
-        port_value = rendered.get("ansible_port") or rendered.get("ansible_ssh_port") or 22
+        port_value = next(
+            (rendered[k] for k in ("ansible_port", "ansible_ssh_port") if rendered.get(k) is not None), 22
+        )
         try:
             port = int(port_value)
         except (TypeError, ValueError) as exc:
             raise InputError(
                 f"{self.source}: host {name}: ansible_port {port_value!r} is not a number"
             ) from exc
+        if not 1 <= port <= 65535:
+            raise InputError(f"{self.source}: host {name}: ansible_port {port} is not a TCP port (1-65535)")
         key = rendered.get("ansible_ssh_private_key_file") or rendered.get("ansible_private_key_file")
         host = self._manager.get_host(name)
         groups = sorted(g.name for g in host.get_groups() if g.name != "all") if host else []

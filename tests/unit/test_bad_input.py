@@ -102,3 +102,37 @@ def test_a_drain_timeout_that_is_no_duration_is_refused(value: str) -> None:
     no_traceback(res)
     assert res.returncode == 2 and "--drain-timeout" in res.stderr
     assert "NaN" not in res.stdout and "Infinity" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "why"),
+    [
+        ("nvidia_driver_branch: abc", "nvidia_driver_branch", "must be a driver branch"),
+        ('nvidia_driver_branch: "580.5"', "nvidia_driver_branch", "must be a driver branch"),
+        ('nvidia_driver_version: "580.1; reboot"', "nvidia_driver_version", "must be a full driver version"),
+        ('nvidia_driver_version: "$(id)"', "nvidia_driver_version", "must be a full driver version"),
+        ('nvidia_driver_branch: "580"\nnvidia_driver_version: "570.1"', "nvidia_driver_version", "in branch"),
+        ('nvidia_driver_package_revision: "1ubuntu1"', "nvidia_driver_package_revision", "revision like"),
+    ],
+)
+def test_driver_settings_in_the_wrong_form_are_refused_before_connecting(
+    tmp_path: Path, settings: str, key: str, why: str
+) -> None:
+    """The role refuses these too, but only once connected: gpuprov names the file and key first."""
+    inv = tmp_path / "inv"
+    shutil.copytree(SAMPLE.parent, inv)
+    (inv / "group_vars" / "gpu_nodes.yml").write_text(settings + "\n")
+    res = gpuprov("bootstrap", "-i", str(inv / "hosts.yml"), "--yes")
+    no_traceback(res)
+    assert res.returncode == 2, res.stderr
+    assert key in res.stderr and why in res.stderr
+    assert str(inv / "group_vars" / "gpu_nodes.yml") in res.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1"])
+def test_a_port_that_is_no_tcp_port_is_refused(tmp_path: Path, port: str) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(f"all:\n  hosts:\n    gpu1: {{ansible_host: 192.0.2.1, ansible_port: {port}}}\n")
+    res = gpuprov("verify", "-i", str(inv))
+    no_traceback(res)
+    assert res.returncode == 2 and "ansible_port" in res.stderr and "gpu1" in res.stderr
