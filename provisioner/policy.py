@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from provisioner.errors import InputError
 from provisioner.probes import SERVICE_UNITS
+from provisioner.yamlfile import load_strict
 
 SUPPORTED_OS: tuple[str, ...] = ("ubuntu 22.04", "ubuntu 24.04", "debian 12", "debian 13")
 CONTAINER_ENGINES: tuple[str, ...] = ("docker", "containerd")
@@ -117,9 +116,16 @@ def _os_list(value: Any, where: str) -> tuple[str, ...]:
     return out
 
 
+# NVIDIA's Xid catalog numbers its events from 1 into the low hundreds.
+XID_RANGE = range(1, 1000)
+
+
 def _xid_list(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise InputError(f"{where}: expected a list of Xid numbers, got {value!r}")
+        raise InputError(f"{where}: expected a list of Xid numbers, got {str(value)[:80]}")
+    bad = [v for v in value if v not in XID_RANGE]
+    if bad:
+        raise InputError(f"{where}: {bad[0]} is not an Xid (Xids are {XID_RANGE.start}-{XID_RANGE.stop - 1})")
     return tuple(value)
 
 
@@ -234,12 +240,7 @@ def load_policy(path: Path) -> Policy:
         raise InputError(f"{path}: cannot read policy: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}:{at} not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    doc = load_strict(text, path)
     return policy_from_mapping(doc if doc is not None else {}, path)
 
 
@@ -267,6 +268,19 @@ def policy_from_mapping(doc: Any, path: Path | None = None) -> Policy:
             except InputError as exc:
                 raise InputError(f"{name}: {exc}") from None
     return policy
+
+
+def check_policy_names(policy: Policy, hosts: Iterable[str], groups: Iterable[str], inventory: Path) -> None:
+    """A policy's groups: and hosts: must name what the inventory has (a typo would silently apply
+    nothing)."""
+    name = str(policy.path) if policy.path else "policy"
+    known_groups, known_hosts = set(groups), set(hosts)
+    for group in policy.groups:
+        if group not in known_groups:
+            raise InputError(f"{name}: groups.{group}: no such group in {inventory}")
+    for host in policy.hosts:
+        if host not in known_hosts:
+            raise InputError(f"{name}: hosts.{host}: no such host in {inventory}")
 
 
 def with_overrides(exp: Expectations, **changes: Any) -> Expectations:

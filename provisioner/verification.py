@@ -578,6 +578,12 @@ def run_verification(
         return verify_snapshot(snapshot, policy, checks=ids, limit=limit)
     assert inventory is not None
     hosts = load_hosts(inventory, limit)
+    if policy is not None:
+        from provisioner.inventory import load_inventory
+        from provisioner.policy import check_policy_names
+
+        inv = load_inventory(inventory)
+        check_policy_names(policy, inv.host_names(), inv.group_names, inventory)
     return verify_hosts(hosts, policy, checks=ids, parallel=parallel, timeout=timeout)
 
 

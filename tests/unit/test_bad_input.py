@@ -136,3 +136,32 @@ def test_a_port_that_is_no_tcp_port_is_refused(tmp_path: Path, port: str) -> Non
     res = gpuprov("verify", "-i", str(inv))
     no_traceback(res)
     assert res.returncode == 2 and "ansible_port" in res.stderr and "gpu1" in res.stderr
+
+
+POLICY_CASES = [
+    ("gpu.xid.ignore: [-1]\n", "gpu.xid.ignore", "is not an Xid"),
+    ("gpu.xid.ignore: [99999999999]\n", "gpu.xid.ignore", "is not an Xid"),
+    ("gpu.count: 8\ngpu.count: 7\n", "line 2", "duplicate key 'gpu.count'"),
+    ("a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n", "line 2", "aliases are not allowed"),
+]
+
+
+@pytest.mark.parametrize(("text", "where", "why"), POLICY_CASES)
+def test_a_policy_with_impossible_or_ambiguous_values_is_refused(
+    tmp_path: Path, text: str, where: str, why: str
+) -> None:
+    policy = tmp_path / "policy.yml"
+    policy.write_text(text)
+    res = gpuprov("verify", "--snapshot", str(SNAPSHOT), "--policy", str(policy))
+    no_traceback(res)
+    assert res.returncode == 2 and str(policy) in res.stderr and where in res.stderr and why in res.stderr
+    assert len(res.stderr) < 1000
+
+
+@pytest.mark.parametrize(("section", "name"), [("groups", "gpu_nodez"), ("hosts", "gpu-017")])
+def test_policy_groups_and_hosts_must_exist_in_the_inventory(tmp_path: Path, section: str, name: str) -> None:
+    policy = tmp_path / "policy.yml"
+    policy.write_text(f"{section}:\n  {name}:\n    gpu.count: 7\n")
+    res = gpuprov("verify", "-i", str(SAMPLE), "--policy", str(policy))
+    no_traceback(res)
+    assert res.returncode == 2 and f"{section}.{name}: no such" in res.stderr and str(policy) in res.stderr

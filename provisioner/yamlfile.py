@@ -1,0 +1,54 @@
+"""YAML from files a user hands gpuprov (policies): parsed strictly, as data.
+
+PyYAML's safe loader builds plain data only, but it keeps the last of two equal keys (a silent typo) and
+expands aliases, so a few hundred bytes of anchors make an arbitrarily large document (and error
+message). These files need neither: a repeated key and any alias are errors naming the file and line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.errors import InputError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(
+                problem=f"alias *{event.anchor} (aliases are not allowed here)", problem_mark=event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, Any] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, list | dict):
+                continue  # unhashable: the base class reports it
+            if key in seen:
+                raise yaml.MarkedYAMLError(
+                    problem=f"duplicate key {str(key)[:80]!r} (first on line {seen[key] + 1})",
+                    problem_mark=key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def load_strict(text: str, path: Path | str) -> Any:
+    """The document in `text`; InputError naming the file and line for anything that is not plain data."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        at = f" line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}:{at} not valid YAML: {str(exc.problem)[:200]}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {str(exc)[:200]}") from None
