@@ -133,6 +133,9 @@ class SshTarget:
     private_key_file: Path | None = None
     known_hosts_file: Path | None = None
     strict_host_key_checking: bool = True
+    # StrictHostKeyChecking=accept-new, as OpenSSH does it: a host not in known_hosts is recorded there
+    # on first contact; a known host whose key changed is refused.
+    accept_new: bool = False
     password: str | None = None
 
     @classmethod
@@ -148,6 +151,7 @@ class SshTarget:
             private_key_file=Path(key).expanduser() if key else None,
             known_hosts_file=Path(known).expanduser() if known else None,
             strict_host_key_checking=bool(getattr(host, "strict_host_key_checking", True)),
+            accept_new=bool(getattr(host, "accept_new_host_keys", False)),
             password=getattr(host, "password", None),
         )
 
@@ -178,6 +182,21 @@ class _KeyCache:
                         raise InputError(f"{f}: cannot read known_hosts: {exc}") from exc
             self._known[cache_key] = (stamp, keys)
             return keys
+
+    def record(self, path: Path, name: str, key: paramiko.PKey) -> None:
+        """Add a host key to a known_hosts file (accept-new), once, owner-only if the file is new."""
+        with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            line = f"{name} {key.get_name()} {key.get_base64()}\n"
+            existing = path.read_text(errors="replace") if path.exists() else ""
+            if line in existing:
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a") as fh:
+                if existing and not existing.endswith("\n"):
+                    fh.write("\n")
+                fh.write(line)
+            self._known.clear()
 
     def private_key(self, path: Path) -> paramiko.PKey:
         import paramiko
@@ -250,12 +269,21 @@ class SshExecutor:
     ) -> None:
         known = recorded.get(key.get_name())
         if known is None:
-            if self.target.strict_host_key_checking:
+            if recorded and self.target.accept_new:
+                # accept-new accepts hosts never seen; a known host offering another key type is not new.
+                raise HostUnreachable(
+                    self.name,
+                    f"host key for {name} ({key.get_name()}) is not the type known_hosts holds ({where}); "
+                    "refusing to connect",
+                )
+            if self.target.strict_host_key_checking and not self.target.accept_new:
                 raise HostUnreachable(
                     self.name,
                     f"host key for {name} ({key.get_name()}) is not in known_hosts ({where}); "
-                    "add it (ssh-keyscan) or set StrictHostKeyChecking=no for this host",
+                    "add it (ssh-keyscan) or set StrictHostKeyChecking=accept-new for this host",
                 )
+            if self.target.accept_new:
+                self._keys.record(self._known_hosts_files()[0], name, key)
             return
         if known != key:
             raise HostUnreachable(

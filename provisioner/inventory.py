@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ class HostSpec:
     private_key_file: Path | None = None
     known_hosts_file: Path | None = None
     strict_host_key_checking: bool = True
+    accept_new_host_keys: bool = False
     password: str | None = None
     groups: list[str] = field(default_factory=list)
     vars: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +62,15 @@ def _ssh_options(args: str) -> dict[str, str]:
             opts[k.strip().lower()] = v.strip()
         i += 1
     return opts
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(message, file=sys.stderr)
 
 
 def _bool(value: Any, default: bool) -> bool:
@@ -173,9 +184,17 @@ class Inventory:
         known = opts.get("userknownhostsfile")
         checking = opts.get("stricthostkeychecking")
         strict = _bool(rendered.get("ansible_host_key_checking"), default=True)
-        if os.environ.get("ANSIBLE_HOST_KEY_CHECKING") is not None:
-            strict = _bool(os.environ["ANSIBLE_HOST_KEY_CHECKING"], default=True)
+        env_checking = os.environ.get("ANSIBLE_HOST_KEY_CHECKING")
+        if env_checking is not None:
+            strict = _bool(env_checking, default=True)
+            if not strict:
+                _warn_once(
+                    "gpuprov: warning: ANSIBLE_HOST_KEY_CHECKING is off in the environment: gpuprov's own "
+                    "SSH connections accept unknown host keys too (a changed key is still refused)"
+                )
+        accept_new = False
         if checking is not None:
+            accept_new = checking.lower() == "accept-new"
             strict = checking.lower() not in {"no", "off", "false", "accept-new"}
         port_value = next(
             (rendered[k] for k in ("ansible_port", "ansible_ssh_port") if rendered.get(k) is not None), 22
@@ -199,6 +218,7 @@ class Inventory:
             private_key_file=Path(str(key)).expanduser() if key else None,
             known_hosts_file=Path(known).expanduser() if known and known != "/dev/null" else None,
             strict_host_key_checking=strict,
+            accept_new_host_keys=accept_new,
             password=rendered.get("ansible_password") or rendered.get("ansible_ssh_pass"),
             groups=groups,
             vars=hv,

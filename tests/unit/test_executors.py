@@ -169,6 +169,50 @@ def test_ssh_unknown_host_key_refused_when_strict(fleet: LoopbackFleet, tmp_path
 
 
 @needs_sshd
+def test_accept_new_records_an_unknown_host_and_then_holds_it_to_that_key(
+    fleet: LoopbackFleet, tmp_path: Path
+) -> None:
+    """StrictHostKeyChecking=accept-new, as OpenSSH does it: first contact records the key (a file of
+    its own, 0600); from then on the host must present that key."""
+    known = tmp_path / "ssh" / "known_hosts"
+    ex = SshExecutor(target(fleet, known_hosts_file=known, strict_host_key_checking=False, accept_new=True))
+    try:
+        assert ex.run("echo ok", 5).stdout == "ok\n"
+    finally:
+        ex.close()
+    (line,) = known.read_text().splitlines()
+    assert line.startswith(f"[{fleet.servers[0].address}]:{fleet.port} ")
+    assert known.stat().st_mode & 0o777 == 0o600
+    # The other server's key recorded under this name: accept-new refuses it like a changed key.
+    other = fleet.known_hosts.read_text().splitlines()[1].split(" ", 1)[1]
+    known.write_text(f"[{fleet.servers[0].address}]:{fleet.port} {other}\n")
+    ex = SshExecutor(target(fleet, known_hosts_file=known, strict_host_key_checking=False, accept_new=True))
+    with pytest.raises(HostUnreachable, match="does not match known_hosts"):
+        ex.run("true", 5)
+
+
+def test_accept_new_and_the_environment_switch_come_from_the_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from provisioner import inventory as inv_mod
+
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    gpu1:\n      ansible_host: 192.0.2.1\n"
+        '      ansible_ssh_common_args: "-o StrictHostKeyChecking=accept-new"\n'
+        "    gpu2: {ansible_host: 192.0.2.2}\n"
+    )
+    specs = {h.name: h for h in inv_mod.load_inventory(inv).select(None)}
+    assert SshTarget.from_host(specs["gpu1"]).accept_new is True
+    assert SshTarget.from_host(specs["gpu2"]).strict_host_key_checking is True
+    monkeypatch.setenv("ANSIBLE_HOST_KEY_CHECKING", "False")
+    inv_mod._WARNED.clear()
+    specs = {h.name: h for h in inv_mod.load_inventory(inv).select(None)}
+    assert specs["gpu2"].strict_host_key_checking is False
+    assert "ANSIBLE_HOST_KEY_CHECKING is off" in capsys.readouterr().err
+
+
+@needs_sshd
 def test_ssh_changed_host_key_refused_even_when_not_strict(fleet: LoopbackFleet, tmp_path: Path) -> None:
     # Record server 1's key under server 0's name: exactly what a man-in-the-middle looks like.
     lines = fleet.known_hosts.read_text().splitlines()
