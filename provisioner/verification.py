@@ -159,6 +159,10 @@ def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.Prob
             continue
         entry = entry or {}
         rc = entry.get("rc", 0)
+        if text is None and rc == 0:
+            # A probe that succeeded always left a file (empty or not): without it the output is unknown.
+            out[name] = P.ProbeResult(name, None, note="not collected: its file is missing from the snapshot")
+            continue
         out[name] = P.ProbeResult(
             name,
             int(rc) if isinstance(rc, int) else None,

@@ -122,3 +122,12 @@ def test_odd_recorded_durations_do_not_crash(bundle: Path, duration: object) -> 
     res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
     assert res.returncode in (0, 1), res.stderr
     assert checks(res)["driver.loaded"]["status"] == "pass"
+
+
+def test_a_missing_probe_file_is_not_collected_not_garbled(bundle: Path) -> None:
+    """meta.json says nvidia-smi succeeded, but its file is gone: the output is unknown (skip), not
+    'printed nothing' (error)."""
+    (bundle / "vm/nvidia-smi-q.xml").unlink()
+    found = checks(gpuprov("verify", "--snapshot", str(bundle), "--format", "json"))
+    assert found["gpu.ecc"]["status"] == "skip"
+    assert "file is missing from the snapshot" in found["gpu.ecc"]["detail"]
