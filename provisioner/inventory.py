@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from provisioner.errors import InputError
 
 _TRUE = {"1", "yes", "true", "on", "y"}
@@ -81,6 +83,42 @@ def _bool(value: Any, default: bool) -> bool:
     return str(value).strip().lower() in _TRUE
 
 
+class _AnyTagLoader(yaml.SafeLoader):
+    """Reads YAML's structure only: Ansible's own tags (!vault, !unsafe) are accepted as opaque values."""
+
+
+_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def check_yaml_files(source: Path) -> None:
+    """Every YAML file of an inventory (the file or directory, group_vars/, host_vars/) parses, or an
+    InputError names the file and line: Ansible would only say that no plugin could parse the source,
+    after trying INI on a YAML file, or fail later naming neither."""
+    base = source if source.is_dir() else source.parent
+    files = [source] if source.is_file() and source.suffix in (".yml", ".yaml") else []
+    if source.is_dir():
+        files += sorted(p for p in source.iterdir() if p.is_file() and p.suffix in (".yml", ".yaml"))
+    for sub in ("group_vars", "host_vars"):
+        d = base / sub
+        if d.is_dir():
+            files += sorted(
+                p for p in d.rglob("*") if p.is_file() and p.suffix in ("", ".yml", ".yaml", ".json")
+            )
+    for path in files:
+        try:
+            yaml.load(path.read_text(), Loader=_AnyTagLoader)  # a SafeLoader: plain data only
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            at = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else ""
+            raise InputError(f"{path}:{at}not valid YAML: {str(exc.problem)[:200]}") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"{path}: not valid YAML: {str(exc)[:200]}") from None
+
+
 # Inventory host names gpuprov accepts: what a host name or an IPv4 address needs, and no character that
 # means something in an Ansible host pattern.
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -126,6 +164,7 @@ class Inventory:
 
         if not source.exists():
             raise InputError(f"{source}: inventory not found")
+        check_yaml_files(source)
         C.INVENTORY_UNPARSED_IS_FAILED = True
         C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
         self._loader = DataLoader()

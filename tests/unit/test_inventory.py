@@ -120,3 +120,24 @@ def test_a_playbook_limited_to_hosts_runs_on_exactly_those(tmp_path: Path) -> No
     result = run_playbook(play, inv, record_dir=record, hosts=["gpu1", "gpu1.example"])
     assert sorted(result.stats) == ["gpu1", "gpu1.example"]
     assert (record / "limit-hosts.txt").read_text() == "gpu1\ngpu1.example\n"
+
+
+def test_a_broken_yaml_inventory_names_its_line_not_the_ini_fallback(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 1.2.3.4\n    gpu2:\n")
+    with pytest.raises(InputError, match=rf"^{inv}:4:9: not valid YAML"):
+        load_inventory(inv)
+
+
+def test_a_broken_group_vars_file_is_named_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "group_vars").mkdir()
+    bad = tmp_path / "group_vars" / "all.yml"
+    bad.write_text('nvidia_driver_branch: "580"\n  bad: [\n')
+    vault = tmp_path / "group_vars" / "gpu_nodes.yml"
+    vault.write_text("secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  6162\n")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.1}\n")
+    with pytest.raises(InputError, match=rf"^{bad}:2:3: not valid YAML"):
+        load_inventory(inv)
+    bad.write_text('nvidia_driver_branch: "580"\n')
+    assert [h.name for h in load_inventory(inv).select(None)] == ["gpu1"]
