@@ -97,6 +97,19 @@ _TYPE_CHECKS: dict[str, tuple[type, ...]] = {
 _BOOL_STRINGS = {"yes", "no", "true", "false", "on", "off", "1", "0"}
 
 
+def yaml_kind(value: Any) -> str:
+    """What a value is, in YAML's words (Ansible wraps values in its own classes, whose names mean
+    nothing to a user: _AnsibleTaggedStr is a string)."""
+    for kind, types in (("boolean", bool), ("string", str), ("integer", int), ("number", float)):
+        if isinstance(value, types):
+            return kind
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, list | tuple):
+        return "list"
+    return "null" if value is None else "value"
+
+
 def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
@@ -116,7 +129,7 @@ def _type_error(value: Any, kind: str) -> str | None:
     if kind == "str" and isinstance(value, int | float) and not isinstance(value, bool):
         return None  # Ansible converts numbers to strings for str options (e.g. branch: 580)
     if not isinstance(value, _TYPE_CHECKS[kind]):
-        return f"expected {kind}, got {type(value).__name__} {value!r}"
+        return f"expected {kind}, got {yaml_kind(value)} {str(value)[:80]!r}"
     return None
 
 

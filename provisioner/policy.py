@@ -186,7 +186,9 @@ def validate_expectations(mapping: Any, where: str) -> dict[str, Any]:
     if mapping is None:
         return {}
     if not isinstance(mapping, Mapping):
-        kind = type(mapping).__name__
+        from provisioner.config import yaml_kind
+
+        kind = yaml_kind(mapping)
         raise InputError(f"{where or 'policy'}: expected a mapping of policy keys, got {kind}")
     out: dict[str, Any] = {}
     for key, value in mapping.items():

@@ -165,3 +165,14 @@ def test_policy_groups_and_hosts_must_exist_in_the_inventory(tmp_path: Path, sec
     res = gpuprov("verify", "-i", str(SAMPLE), "--policy", str(policy))
     no_traceback(res)
     assert res.returncode == 2 and f"{section}.{name}: no such" in res.stderr and str(policy) in res.stderr
+
+
+def test_type_errors_speak_yaml_not_python(tmp_path: Path) -> None:
+    """Ansible wraps inventory values in its own classes: their names never reach a message."""
+    inv = tmp_path / "inv"
+    shutil.copytree(SAMPLE.parent, inv)
+    (inv / "group_vars" / "gpu_nodes.yml").write_text("nvidia_driver_modules: nvidia\n")
+    res = gpuprov("bootstrap", "-i", str(inv / "hosts.yml"), "--yes")
+    no_traceback(res)
+    assert res.returncode == 2 and "expected list, got string 'nvidia'" in res.stderr, res.stderr
+    assert "_Ansible" not in res.stderr
