@@ -215,6 +215,8 @@ class _KeyCache:
 
 
 KEYS = _KeyCache()
+# The most of one command's stdout (and of its stderr) kept from a host.
+MAX_COMMAND_OUTPUT = 64 * 1024 * 1024
 _DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
 
 
@@ -225,7 +227,14 @@ class SshExecutor:
     then a key that *differs* from the recorded one is refused.
     """
 
-    def __init__(self, target: SshTarget, connect_timeout: float = 10.0, keys: _KeyCache = KEYS) -> None:
+    def __init__(
+        self,
+        target: SshTarget,
+        connect_timeout: float = 10.0,
+        keys: _KeyCache = KEYS,
+        max_output: int = MAX_COMMAND_OUTPUT,
+    ) -> None:
+        self.max_output = max_output
         self.target = target
         self.name = target.name
         self.connect_timeout = connect_timeout
@@ -416,6 +425,17 @@ class SshExecutor:
 
             while True:
                 progressed = drain()
+                if len(out) > self.max_output or len(err) > self.max_output:
+                    # A host that floods its output (a kernel log of millions of lines) gets no more of the
+                    # controller's memory: the command is stopped and what came so far is cut at the cap; the
+                    # probe that was running shows as cut short (an error finding), later ones as not run.
+                    del out[self.max_output :], err[self.max_output :]
+                    return CommandResult(
+                        -1,
+                        _decode(bytes(out)),
+                        _decode(bytes(err)) + f"\noutput over {self.max_output // (1 << 20)} MiB: cut\n",
+                        time.monotonic() - start,
+                    )
                 if chan.eof_received or chan.closed:
                     # EOF/close come after all data, which is buffered by now: take what is left.
                     while drain():

@@ -335,3 +335,22 @@ def test_ssh_closing_the_connection_ends_a_running_command(fleet: LoopbackFleet)
     assert not worker.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], HostUnreachable)
     assert "connection lost" in str(errors[0])
+
+
+@needs_sshd
+def test_a_flood_of_output_is_cut_at_the_cap_and_the_command_stopped(fleet: LoopbackFleet) -> None:
+    """A host printing without end costs the controller at most the cap, and the run ends."""
+    from provisioner import probes as P
+
+    ex = SshExecutor(target(fleet), max_output=1 << 20)
+    token = P.new_token()
+    flood = "flood() { yes 'NVRM: Xid (PCI:0000:00:06): 79, pid=1, GPU has fallen off the bus.'; }\n"
+    script = P.build_script(["os-release"], token).replace("main() {", flood + "main() {")
+    script = script.replace("  run os-release p0", "  run os-release flood")
+    try:
+        res = ex.run(script, 60)
+    finally:
+        ex.close()
+    assert len(res.stdout) <= 1 << 20 and "cut" in res.stderr
+    results = P.parse_script_output(res.stdout, token, ["os-release"], res.stderr)
+    assert results["os-release"].rc is None and "cut short" in results["os-release"].note
