@@ -971,4 +971,12 @@ def _render_dry_run(plan: Plan, options: Options, output_format: str) -> int:
                 install_version=options.install_version,
             )
         )
+    unprobed = sorted(name for name, p in plan.hosts.items() if p.probe_error)
+    if unprobed:
+        # A plan for hosts nobody could look at is a guess: say so, and do not report success.
+        sys.stderr.write(
+            f"upgrade-driver: {len(unprobed)} of {len(plan.hosts)} host(s) could not be probed "
+            f"({', '.join(unprobed[:10])}{', ...' if len(unprobed) > 10 else ''}): the plan is incomplete\n"
+        )
+        return EXIT_FAILED
     return EXIT_OK

@@ -196,6 +196,18 @@ def test_dry_run_prints_the_plan_and_changes_nothing(
     assert doc["hosts"]["gpu1"]["needs"][:2] == ["cordon", "drain"]
 
 
+def test_a_dry_run_that_could_not_probe_a_host_does_not_report_success(
+    home: Path, inv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = three()
+    fleet.hosts["gpu3"].faults.add("unreachable")
+    factory = Factory(fleet)
+    assert run_upgrade(inventory=inv, to="580", dry_run=True, fleet_factory=factory) == 1
+    captured = capsys.readouterr()
+    assert "gpu3" in captured.out and "1 of 3 host(s) could not be probed (gpu3)" in captured.err
+    assert_untouched(home)
+
+
 def test_failure_stops_then_resume_completes_the_rest(
     home: Path, inv: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
