@@ -1,0 +1,209 @@
+"""MIG layouts: nvidia-mig-parted's configuration format, checked against each GPU's real profile table.
+
+A MIG layout is a named configuration in nvidia-mig-parted's ``version: v1`` format (NVIDIA's own
+defaults ship with it as config-default.yaml: ``all-1g.18gb``, ``all-balanced``, ...). mig-parted's parser
+checks the file's structure but not whether a GPU has the profiles it names (a made-up ``9g.99gb``
+passes), so the driver refuses the layout only once gpuprov is already rolling it out. This module
+checks, before anything is touched: the structure (the fields mig-parted knows), that every profile
+exists on the GPU, that no profile is asked for more often than the GPU offers it, that the instances fit
+the GPU's 7 compute and 8 memory slices, and the driver branch that supports MIG on the GPU.
+
+The profile tables are NVIDIA's ("Supported MIG Profiles", NVIDIA Multi-Instance GPU User Guide), keyed
+by PCI device id as mig-parted's ``device-filter`` writes it (``0x233510DE``: device 0x2335, vendor
+0x10DE). Placement rules finer than the slice counts are the driver's; a layout that passes here can
+still be refused there, never the other way round.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import InputError
+from provisioner.yamlfile import load_strict
+
+COMPUTE_SLICES = 7
+MEMORY_SLICES = 8
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    max_count: int  # instances of this profile one GPU can hold
+    compute: int  # compute slices (the "Ng" of the name)
+    memory: int  # memory slices out of MEMORY_SLICES
+
+
+@dataclass(frozen=True)
+class MigGpu:
+    name: str
+    min_branch: int  # the first driver branch with MIG on this GPU
+    profiles: Mapping[str, Profile]
+
+
+def _table(name: str, min_branch: int, rows: list[tuple[str, int, int]]) -> MigGpu:
+    """rows: (profile, max count, memory slices); compute slices come from the profile's name."""
+    profiles = {p: Profile(p, count, int(p.split("g.", 1)[0]), mem) for p, count, mem in rows}
+    return MigGpu(name, min_branch, profiles)
+
+
+def _a100_like(name: str, min_branch: int, unit: int) -> MigGpu:
+    """A100 and H100 80GB share one layout; sizes scale with the memory per slice (`unit` GB)."""
+    half, full, whole = unit * 2, unit * 4, unit * 8
+    return _table(
+        name,
+        min_branch,
+        [
+            (f"1g.{unit}gb", 7, 1),
+            (f"1g.{unit}gb+me", 1, 1),
+            (f"1g.{half}gb", 4, 2),
+            (f"2g.{half}gb", 3, 2),
+            (f"3g.{full}gb", 2, 4),
+            (f"4g.{full}gb", 1, 4),
+            (f"7g.{whole}gb", 1, 8),
+        ],
+    )
+
+
+_H200 = _table(
+    "NVIDIA H200 141GB",
+    550,
+    [
+        ("1g.18gb", 7, 1),
+        ("1g.18gb+me", 1, 1),
+        ("1g.35gb", 4, 2),
+        ("2g.35gb", 3, 2),
+        ("3g.71gb", 2, 4),
+        ("4g.71gb", 1, 4),
+        ("7g.141gb", 1, 8),
+    ],
+)
+
+# PCI device id → the GPU's MIG profiles.
+GPUS: dict[int, MigGpu] = {
+    0x20B0: _a100_like("NVIDIA A100-SXM4-40GB", 450, 5),
+    0x20B2: _a100_like("NVIDIA A100-SXM4-80GB", 450, 10),
+    0x2330: _a100_like("NVIDIA H100 80GB HBM3", 525, 10),
+    0x2335: _H200,
+}
+
+_CONFIG_KEYS = {"devices", "mig-enabled", "mig-devices", "device-filter"}
+_FILTER = re.compile(r"0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
+
+
+@dataclass(frozen=True)
+class MigEntry:
+    devices: str | tuple[int, ...]  # "all" or GPU indices
+    enabled: bool
+    mig_devices: Mapping[str, int]
+    device_ids: tuple[int, ...]  # empty: every GPU
+
+    def applies_to(self, device_id: int) -> bool:
+        return not self.device_ids or device_id in self.device_ids
+
+
+def parse_config(text: str, path: Path | str) -> dict[str, list[MigEntry]]:
+    """A mig-parted `version: v1` file: config name → entries; InputError naming the file and field."""
+    doc = load_strict(text, path)
+    if not isinstance(doc, dict) or doc.get("version") != "v1":
+        raise InputError(f"{path}: a MIG configuration file starts with `version: v1`")
+    extra = set(doc) - {"version", "mig-configs"}
+    if extra:
+        raise InputError(f"{path}: unexpected field: {sorted(extra)[0]}")
+    configs = doc.get("mig-configs")
+    if not isinstance(configs, dict) or not configs:
+        raise InputError(f"{path}: mig-configs: expected a mapping of configuration name → entries")
+    out: dict[str, list[MigEntry]] = {}
+    for name, entries in configs.items():
+        where = f"{path}: mig-configs.{name}"
+        if not isinstance(entries, list) or not entries:
+            raise InputError(f"{where}: expected a list of entries")
+        out[str(name)] = [_entry(e, f"{where}[{i}]") for i, e in enumerate(entries)]
+    return out
+
+
+def _entry(raw: Any, where: str) -> MigEntry:
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping")
+    extra = set(raw) - _CONFIG_KEYS
+    if extra:
+        raise InputError(f"{where}: unexpected field: {sorted(extra)[0]}")
+    devices = raw.get("devices")
+    if devices == "all":
+        picked: str | tuple[int, ...] = "all"
+    elif isinstance(devices, list) and devices and all(isinstance(d, int) and d >= 0 for d in devices):
+        picked = tuple(devices)
+    else:
+        raise InputError(f"{where}.devices: expected `all` or a list of GPU indices")
+    enabled = raw.get("mig-enabled")
+    if not isinstance(enabled, bool):
+        raise InputError(f"{where}.mig-enabled: expected true or false")
+    mig_devices = raw.get("mig-devices") or {}
+    if not isinstance(mig_devices, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in mig_devices.items()
+    ):
+        raise InputError(f"{where}.mig-devices: expected profile name → count")
+    if mig_devices and not enabled:
+        raise InputError(f"{where}: mig-devices given with mig-enabled: false")
+    filters = raw.get("device-filter") or []
+    filters = [filters] if isinstance(filters, str) else filters
+    ids = []
+    for f in filters:
+        m = _FILTER.fullmatch(str(f))
+        if not m:
+            raise InputError(f"{where}.device-filter: {str(f)[:40]!r} is not a PCI id like 0x233510DE")
+        ids.append(int(m.group(1), 16))
+    return MigEntry(picked, enabled, dict(mig_devices), tuple(ids))
+
+
+def check_layout(
+    configs: Mapping[str, list[MigEntry]],
+    name: str,
+    *,
+    device_id: int,
+    gpu_count: int,
+    driver_branch: int | None = None,
+) -> list[str]:
+    """Why layout `name` cannot be applied to a host with `gpu_count` GPUs of `device_id` (empty: it can)."""
+    if name not in configs:
+        return [f"no MIG configuration named {name!r} (known: {', '.join(sorted(configs)[:20])})"]
+    entries = [e for e in configs[name] if e.applies_to(device_id)]
+    if not entries:
+        return [f"{name}: no entry for this GPU (device 0x{device_id:04X}; the entries filter other devices)"]
+    gpu = GPUS.get(device_id)
+    problems: list[str] = []
+    if any(e.enabled for e in entries):
+        if gpu is None:
+            return [f"{name}: enables MIG on device 0x{device_id:04X}, which has no MIG profile table here"]
+        if driver_branch is not None and driver_branch < gpu.min_branch:
+            problems.append(
+                f"{name}: {gpu.name} has MIG from driver branch {gpu.min_branch}, not {driver_branch}"
+            )
+    for entry in entries:
+        if entry.devices != "all":
+            beyond = [d for d in entry.devices if d >= gpu_count]
+            if beyond:
+                problems.append(f"{name}: GPU index {beyond[0]} does not exist (the host has {gpu_count})")
+        if not entry.enabled or gpu is None:
+            continue
+        compute = memory = 0
+        for profile, count in entry.mig_devices.items():
+            p = gpu.profiles.get(profile)
+            if p is None:
+                known = ", ".join(gpu.profiles)
+                problems.append(f"{name}: {gpu.name} has no MIG profile {profile!r} (it has {known})")
+                continue
+            if count > p.max_count:
+                problems.append(f"{name}: {gpu.name} holds at most {p.max_count} × {profile}, not {count}")
+            compute += p.compute * count
+            memory += p.memory * count
+        if compute > COMPUTE_SLICES or memory > MEMORY_SLICES:
+            problems.append(
+                f"{name}: the instances need {compute} compute and {memory} memory slices; "
+                f"a {gpu.name} has {COMPUTE_SLICES} and {MEMORY_SLICES}"
+            )
+    return problems
