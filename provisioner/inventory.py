@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from provisioner.errors import InputError
+from provisioner.yamlfile import check_ansible_yaml
 
 _TRUE = {"1", "yes", "true", "on", "y"}
 
@@ -83,13 +82,6 @@ def _bool(value: Any, default: bool) -> bool:
     return str(value).strip().lower() in _TRUE
 
 
-class _AnyTagLoader(yaml.SafeLoader):
-    """Reads YAML's structure only: Ansible's own tags (!vault, !unsafe) are accepted as opaque values."""
-
-
-_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
-
-
 def check_yaml_files(source: Path) -> None:
     """Every YAML file of an inventory (the file or directory, group_vars/, host_vars/) parses, or an
     InputError names the file and line: Ansible would only say that no plugin could parse the source,
@@ -105,18 +97,7 @@ def check_yaml_files(source: Path) -> None:
                 p for p in d.rglob("*") if p.is_file() and p.suffix in ("", ".yml", ".yaml", ".json")
             )
     for path in files:
-        try:
-            yaml.load(path.read_text(), Loader=_AnyTagLoader)  # a SafeLoader: plain data only
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark
-            at = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else ""
-            raise InputError(f"{path}:{at}not valid YAML: {str(exc.problem)[:200]}") from None
-        except yaml.YAMLError as exc:
-            raise InputError(f"{path}: not valid YAML: {str(exc)[:200]}") from None
+        check_ansible_yaml(path)
 
 
 # Inventory host names gpuprov accepts: what a host name or an IPv4 address needs, and no character that

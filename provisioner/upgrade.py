@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from provisioner import records
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GpuprovError, InputError
+from provisioner.hosttext import short_safe_text
 from provisioner.upgrade_plan import (
     BatchSize,
     HostProbe,
@@ -40,7 +41,6 @@ from provisioner.upgrade_plan import (
     judge,
     parse_batch,
     parse_target,
-    printable,
     render_plan,
 )
 from provisioner.upgrade_state import (
@@ -101,8 +101,8 @@ def not_this_host(info: NodeInfo, probe: HostProbe) -> str | None:
         return None
     if probe.address and probe.address in info.addresses:
         return None
-    ips = ", ".join(printable(a) for a in info.addresses) or "none"
-    theirs = f"machine ID {printable(info.machine_id) or 'none'}, InternalIP {ips}"
+    ips = ", ".join(short_safe_text(a) for a in info.addresses) or "none"
+    theirs = f"machine ID {short_safe_text(info.machine_id) or 'none'}, InternalIP {ips}"
     ours = f"machine ID {probe.machine_id or 'unknown'}, address {probe.address or 'unknown'}"
     return f"is not this host ({theirs}; the host has {ours})"
 

@@ -31,9 +31,10 @@ from provisioner.checks.model import Unavailable
 from provisioner.config import PLAYBOOKS_DIR
 from provisioner.errors import GpuprovError
 from provisioner.executors import CommandResult, CommandTimeout, ExecutorError, SshExecutor, SshTarget
+from provisioner.hosttext import short_safe_text
 from provisioner.policy import Expectations
 from provisioner.upgrade import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
-from provisioner.upgrade_plan import HostProbe, Target, printable, valid_node_name
+from provisioner.upgrade_plan import HostProbe, Target, valid_node_name
 
 PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
 STEP_MARK = "UPGRADE STEP "
@@ -196,7 +197,7 @@ class KubectlOverSsh:
 
     def node(self, name: str) -> NodeInfo | None:
         if not valid_node_name(name):
-            raise StepFailed(f"{printable(name)!r} is not a valid Kubernetes node name")
+            raise StepFailed(f"{short_safe_text(name)!r} is not a valid Kubernetes node name")
         res = self.kubectl("get", "node", "-o", "json", "--", name)
         if res.rc != 0:
             # Only the API server's answer means "no such node"; kubectl missing or the API down is a
@@ -382,7 +383,7 @@ class RealFleet:
             address=ex.target.address,
             node_error=None
             if not hostname or valid_node_name(hostname)
-            else f"the host's hostname {printable(hostname)!r} is not a valid Kubernetes node name",
+            else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",
         )
 
     def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:

@@ -181,12 +181,6 @@ def valid_node_name(name: str) -> bool:
     return 0 < len(name) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in name.split("."))
 
 
-def printable(text: str, limit: int = 80) -> str:
-    """Host-supplied text for a message: control characters shown escaped, length capped."""
-    shown = text if len(text) <= limit else text[:limit] + "…"
-    return shown.encode("unicode_escape").decode("ascii") if not shown.isprintable() else shown
-
-
 def judge(before: HostProbe, after: HostProbe, target: Target) -> list[str]:
     """Why the upgraded host is not right (empty: it is): driver loaded and answering, at the target,
     as many GPUs seen by the driver as before, and no Xid that was not in the kernel log before."""

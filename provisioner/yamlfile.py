@@ -42,13 +42,40 @@ class _StrictLoader(yaml.SafeLoader):
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
 
 
-def load_strict(text: str, path: Path | str) -> Any:
-    """The document in `text`; InputError naming the file and line for anything that is not plain data."""
+class _AnyTagLoader(yaml.SafeLoader):
+    """Reads YAML's structure only: Ansible's own tags (!vault, !unsafe) are accepted as opaque values."""
+
+
+_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _load(text: str, path: Path | str, loader: type[yaml.SafeLoader], *, column: bool) -> Any:
+    """Parse; YAML errors become InputError at `path: line N` (or `path:N:C:`, as compilers write it)."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+        return yaml.load(text, Loader=loader)  # a SafeLoader: plain data only
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
-        at = f" line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}:{at} not valid YAML: {str(exc.problem)[:200]}") from None
+        if mark is None:
+            at = " "
+        else:
+            at = f"{mark.line + 1}:{mark.column + 1}: " if column else f" line {mark.line + 1} "
+        raise InputError(f"{path}:{at}not valid YAML: {str(exc.problem)[:200]}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {str(exc)[:200]}") from None
+
+
+def load_strict(text: str, path: Path | str) -> Any:
+    """The document in `text`; InputError naming the file and line for anything that is not plain data."""
+    return _load(text, path, _StrictLoader, column=False)
+
+
+def check_ansible_yaml(path: Path) -> None:
+    """An Ansible YAML file (inventory, group_vars) parses as YAML; InputError naming the file, line
+    and column when it does not. Ansible's tags are accepted; nothing is evaluated."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    _load(text, path, _AnyTagLoader, column=True)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.checks.model import ERROR, FAIL, PASS, RANK, SKIP, STATUSES, WARN, Finding, worst
+from provisioner.hosttext import safe_text
 
 FAIL_ON = ("warn", "fail")
 
@@ -104,17 +104,6 @@ class Report:
             "hosts": [h.to_dict() for h in self.hosts],
             "summary": self.summary(),
         }
-
-
-# Control characters (C0 but tab and newline, DEL, C1) and the Unicode controls that reorder or hide text
-# (bidi overrides and isolates, zero-width marks): text from hosts must not drive the terminal, break XML or
-# hide what a report says.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
-def safe_text(text: str) -> str:
-    """Host-supplied text for display: unsafe characters shown as escapes (\\x1b, \\u202e)."""
-    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _safe_data(value: Any) -> Any:

@@ -41,8 +41,9 @@ SHORT = {
 ALL_ROWS_UP_TO = 3
 
 
-def _console(color: bool, width: int | None) -> tuple[Console, io.StringIO]:
-    buf = io.StringIO()
+def _console(color: bool, width: int | None, buf: io.StringIO | None = None) -> tuple[Console, io.StringIO]:
+    """A console writing to `buf` (a new buffer unless given: two consoles of one report share it)."""
+    buf = buf if buf is not None else io.StringIO()
     console = Console(
         file=buf,
         force_terminal=color,
@@ -112,15 +113,9 @@ def render_drift(report: Report, *, color: bool = False, width: int | None = Non
     """Fleet drift: one row per host, one column per check, then the details of what drifted."""
     host_width = max([4, *(len(h.host) for h in report.hosts)])
     needed = host_width + sum(len(SHORT.get(c, c)) + 4 for c in report.checks) + 8
+    # The grid may be wider than the terminal (it never wraps); the rest keeps the terminal's width.
     grid, buf = _console(color, max(width or 120, needed))
-    console = Console(
-        file=buf,
-        force_terminal=color,
-        no_color=not color,
-        width=width or 120,
-        highlight=False,
-        soft_wrap=False,
-    )
+    console, _ = _console(color, width, buf)
     table = Table(
         title="fleet drift (host × check)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
     )
