@@ -425,3 +425,30 @@ def test_the_node_reports_its_machine_id_and_internal_ips() -> None:
     info = k.node("gpu1")
     assert info is not None
     assert (info.machine_id, info.addresses) == ("0123456789abcdef0123456789abcdef", ("10.0.0.5",))
+
+
+def test_the_real_kubectl_parses_every_command_line_as_meant(tmp_path: Path) -> None:
+    """Each command line gpuprov sends (options, then `--`, then names) is accepted by the real kubectl:
+    with an API server that is not there it gets as far as connecting, never to a usage error."""
+    import shlex
+    import subprocess
+
+    from provisioner.lab import vendor
+
+    k, fake = kube({"get node": [ok(json.dumps(NODE))], "get pods": [ok(json.dumps({"items": [
+        pod("ml", "infer", {"nvidia.com/gpu": "1"})]}))]})  # fmt: skip
+    k.node("gpu1")
+    k.cordon("gpu1")
+    k.drain("gpu1", 20)
+    k.evict_gpu_pods("gpu1", 30)
+    k.set_labels("gpu1", {"a": "true", "b": None})
+    k.annotate("gpu1", "upgrading")
+    k.uncordon("gpu1")
+    server = ["--kubeconfig", "/dev/null", "--server", "https://127.0.0.1:1", "--token", "x",
+              "--insecure-skip-tls-verify", "--request-timeout=2s"]  # fmt: skip
+    for command in fake.commands:
+        argv = shlex.split(command)
+        args = argv[argv.index("--request-timeout=30s") + 1 :]
+        real = [str(vendor.kubectl()), *server, *args]
+        res = subprocess.run(real, capture_output=True, text=True, timeout=60)
+        assert "connection to the server 127.0.0.1:1 was refused" in res.stderr, (command, res.stderr)
