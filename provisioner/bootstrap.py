@@ -17,6 +17,7 @@ from typing import Any
 from provisioner import records
 from provisioner.config import PLAYBOOKS_DIR, ROLES_DIR, validate_inventory_settings
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
+from provisioner.hosttext import safe_text
 from provisioner.stages import STAGE_NAMES, STAGES, VERIFY, select_stages
 
 SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
@@ -44,7 +45,8 @@ class Progress:
 
     def _print(self, text: str) -> None:
         elapsed = time.monotonic() - self.started
-        self.stream.write(f"[{elapsed:6.1f}s] {text}\n")
+        # Failure messages carry hosts' own words: shown, never obeyed by the terminal.
+        self.stream.write(f"[{elapsed:6.1f}s] {safe_text(text)}\n")
         self.stream.flush()
 
     def _close_stage(self) -> None:
@@ -378,6 +380,7 @@ def _render(
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
     table = Table(title="bootstrap" + (" (check mode)" if summary["check"] else ""), show_lines=False)
@@ -394,7 +397,7 @@ def _render(
             str(h["failed"]),
             str(h["unreachable"]),
             str(h["skipped"]),
-            h["reason"],
+            Text(safe_text(h["reason"] or "")),
         )
     console.print(table)
     if verify_report:

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from provisioner.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuprovError
+from provisioner.hosttext import safe_text
 
 app = typer.Typer(
     name="gpuprov",
@@ -190,7 +191,8 @@ def snapshot(
                            timeout=timeout)
     for r in results:
         if r.error:
-            typer.echo(f"{r.host}: not collected: {r.error} (recorded in {r.path / 'meta.json'})", err=True)
+            why = safe_text(r.error)
+            typer.echo(f"{r.host}: not collected: {why} (recorded in {r.path / 'meta.json'})", err=True)
         else:
             typer.echo(f"{r.host}: {r.probes} probes → {r.path}")
     return 1 if any(r.error for r in results) else 0
@@ -373,7 +375,8 @@ def main() -> None:
             typer.echo(f"gpuprov: error: {exc}", err=True)
         rc = getattr(exc, "exit_code", None) or EXIT_BAD_INPUT
     except GpuprovError as exc:
-        typer.echo(f"gpuprov: error: {exc}", err=True)
+        # Messages may quote what a host or a file said: shown, never obeyed by the terminal.
+        typer.echo(f"gpuprov: error: {safe_text(str(exc))}", err=True)
         rc = exc.exit_code
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EBADF, errno.EDQUOT):

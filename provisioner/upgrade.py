@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from provisioner import records
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GpuprovError, InputError
-from provisioner.hosttext import short_safe_text
+from provisioner.hosttext import safe_text, short_safe_text
 from provisioner.upgrade_plan import (
     BatchSize,
     HostProbe,
@@ -172,7 +172,8 @@ class Progress:
         elapsed = time.monotonic() - self.started
         with self._lock:
             who = f"{host:<20} " if host else ""
-            self.stream.write(f"[{elapsed:6.1f}s] {who}{text}\n")
+            # Reasons carry hosts' and kubectl's own words: shown, never obeyed by the terminal.
+            self.stream.write(f"[{elapsed:6.1f}s] {safe_text(who + text)}\n")
             self.stream.flush()
 
 
@@ -928,6 +929,7 @@ def _render(summary: dict[str, Any], output_format: str) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
     table = Table(title=f"upgrade-driver → {summary['target']}")
@@ -940,7 +942,7 @@ def _render(summary: dict[str, Any], output_format: str) -> None:
             h["to"] or "-",
             h["result"] or "-",
             f"{h['duration_s']:.0f}s",
-            h["reason"],
+            Text(safe_text(h["reason"] or "")),
         )
     console.print(table)
     totals = ", ".join(f"{n} {r}" for r, n in summary["totals"].items())

@@ -176,3 +176,29 @@ def test_type_errors_speak_yaml_not_python(tmp_path: Path) -> None:
     no_traceback(res)
     assert res.returncode == 2 and "expected list, got string 'nvidia'" in res.stderr, res.stderr
     assert "_Ansible" not in res.stderr
+
+
+def test_progress_lines_and_summary_tables_show_host_words_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Failure reasons quote hosts and kubectl (Ansible messages, stderr lines): as text, escaped."""
+    import io
+
+    from provisioner import bootstrap, upgrade
+
+    hostile = "dpkg error\x1b]0;owned\x07\x1b[2J [/bold]"
+    out = io.StringIO()
+    upgrade.Progress(out)("gpu1", hostile)
+    bootstrap.Progress(out)._print(hostile)
+    assert "\x1b" not in out.getvalue() and out.getvalue().count("\\x1b]0;owned\\x07") == 2
+    row = {"host": "gpu1", "from": "570", "to": "580", "result": "failed", "duration_s": 1.0}
+    row["reason"] = hostile
+    upgrade._render(
+        {"target": "580", "hosts": [row], "totals": {"failed": 1}, "status": "finished", "record": "r",
+         "resumable": False, "stop_reason": ""}, "table",
+    )  # fmt: skip
+    brow = {"host": "gpu1", "status": "failed", "ok": 1, "changed": 0, "failed": 1, "unreachable": 0,
+            "skipped": 0, "reason": hostile}  # fmt: skip
+    bootstrap._render({"hosts": [brow], "totals": {"failed": 1}, "record": "r", "check": False}, "table", {})
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "[/bold]" in printed
