@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import records
-from provisioner.config import PLAYBOOKS_DIR, ROLES_DIR, validate_inventory_settings
+from provisioner.config import validate_inventory_settings
+from provisioner.content import PLAYBOOKS_DIR, ROLES_DIR
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from provisioner.hosttext import safe_text
 from provisioner.stages import STAGE_NAMES, STAGES, VERIFY, select_stages

@@ -1,6 +1,6 @@
 """The `gpuprov` command line: parse → call the library → render.
 
-This is the only module that maps errors to exit codes. Heavy modules (Ansible, paramiko, the lab)
+This is the only module that maps errors to exit codes. Heavy modules (Ansible, paramiko)
 are imported inside the verbs so that `gpuprov --help` stays instant.
 """
 
@@ -28,12 +28,40 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
-lab_app = typer.Typer(
-    help="The local simulated GPU fleet (test bed and demo target).",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
-app.add_typer(lab_app, name="lab")
+
+# Other distributions add verb groups here (the lab adds `gpuprov lab`); the product imports none of them.
+PLUGIN_GROUP = "gpuprov.cli"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from provisioner import __version__
+
+        typer.echo(f"gpuprov {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Provision, verify and upgrade NVIDIA GPU servers."""
+
+
+def _add_plugins() -> None:
+    """Add the verb groups that installed distributions declare under PLUGIN_GROUP."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # a broken add-on must not take the product's own verbs down
+            sys.stderr.write(f"gpuprov: warning: cannot load the '{ep.name}' verbs: {exc}\n")
+            continue
+        app.add_typer(plugin, name=ep.name)
 
 
 class OutputFormat(StrEnum):
@@ -57,9 +85,6 @@ InventoryOpt = Annotated[
     Path | None, typer.Option("-i", "--inventory", help="Ansible inventory (YAML or INI file, or directory).")
 ]
 LimitOpt = Annotated[str | None, typer.Option("--limit", "-l", help="Host pattern, as ansible --limit.")]
-LabOpt = Annotated[
-    str, typer.Option("--lab", envvar="GPUPROV_LAB", help="Lab name (several labs can coexist).")
-]
 
 
 def _split(value: str | None) -> list[str]:
@@ -116,16 +141,36 @@ FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="Lowest status that
 SnapshotOpt = Annotated[Path | None, typer.Option("--snapshot", help="Evaluate a snapshot directory.")]
 
 
-def _report_verb(*, drift: bool, inventory: Path | None, local: bool, snapshot: Path | None,
-                 policy: Path | None, output_format: ReportFormat, output: Path | None, fail_on: FailOn,
-                 limit: str | None, parallel: int, checks: str | None, timeout: float) -> int:
+def _report_verb(
+    *,
+    drift: bool,
+    inventory: Path | None,
+    local: bool,
+    snapshot: Path | None,
+    policy: Path | None,
+    output_format: ReportFormat,
+    output: Path | None,
+    fail_on: FailOn,
+    limit: str | None,
+    parallel: int,
+    checks: str | None,
+    timeout: float,
+) -> int:
     from provisioner.report import check_output_path, render, write_output
     from provisioner.verification import run_verification
 
     if output is not None:
         check_output_path(output)
-    report = run_verification(inventory=inventory, local=local, snapshot=snapshot, policy_path=policy,
-                              limit=limit, parallel=parallel, checks=_split(checks) or None, timeout=timeout)
+    report = run_verification(
+        inventory=inventory,
+        local=local,
+        snapshot=snapshot,
+        policy_path=policy,
+        limit=limit,
+        parallel=parallel,
+        checks=_split(checks) or None,
+        timeout=timeout,
+    )
     color = output is None and output_format == ReportFormat.table and sys.stdout.isatty()
     text = render(report, output_format.value, fail_on=fail_on.value, drift=drift, color=color)
     if output is not None:
@@ -150,9 +195,20 @@ def verify(
     timeout: TimeoutOpt = 180.0,
 ) -> int:
     """Probe hosts; check GPUs, driver, CUDA, runtimes, services, Kubernetes (exit 1 on findings)."""
-    return _report_verb(drift=False, inventory=inventory, local=local, snapshot=snapshot, policy=policy,
-                        output_format=output_format, output=output, fail_on=fail_on, limit=limit,
-                        parallel=parallel, checks=checks, timeout=timeout)
+    return _report_verb(
+        drift=False,
+        inventory=inventory,
+        local=local,
+        snapshot=snapshot,
+        policy=policy,
+        output_format=output_format,
+        output=output,
+        fail_on=fail_on,
+        limit=limit,
+        parallel=parallel,
+        checks=checks,
+        timeout=timeout,
+    )
 
 
 @app.command()
@@ -170,9 +226,20 @@ def check(
     timeout: TimeoutOpt = 180.0,
 ) -> int:
     """Check hosts against a policy and show the fleet's drift (host × check)."""
-    return _report_verb(drift=True, inventory=inventory, local=local, snapshot=snapshot, policy=policy,
-                        output_format=output_format, output=output, fail_on=fail_on, limit=limit,
-                        parallel=parallel, checks=checks, timeout=timeout)
+    return _report_verb(
+        drift=True,
+        inventory=inventory,
+        local=local,
+        snapshot=snapshot,
+        policy=policy,
+        output_format=output_format,
+        output=output,
+        fail_on=fail_on,
+        limit=limit,
+        parallel=parallel,
+        checks=checks,
+        timeout=timeout,
+    )
 
 
 @app.command()
@@ -187,8 +254,9 @@ def snapshot(
     """Save every host's probe outputs (support bundle); `verify --snapshot DIR` replays them."""
     from provisioner.verification import run_snapshot
 
-    results = run_snapshot(inventory=inventory, local=local, out_dir=output, limit=limit, parallel=parallel,
-                           timeout=timeout)
+    results = run_snapshot(
+        inventory=inventory, local=local, out_dir=output, limit=limit, parallel=parallel, timeout=timeout
+    )
     for r in results:
         if r.error:
             why = safe_text(r.error)
@@ -251,114 +319,9 @@ def upgrade_driver(
     )
 
 
-def _lab_progress(message: str) -> None:
-    typer.echo(message, err=True)
-
-
-@lab_app.command("up")
-def lab_up(
-    lab: LabOpt = "default",
-    hosts: Annotated[
-        int | None,
-        typer.Option("--hosts", help="Hosts in total: cp1 plus GPU hosts gpu1..gpuN-1 (default 4)."),
-    ] = None,
-    profiles: Annotated[
-        str | None,
-        typer.Option(help="GPU profiles of gpu1, gpu2, ... (comma-separated), e.g. h200,h100-sxm-8,l40s."),
-    ] = None,
-    os_names: Annotated[
-        str | None,
-        typer.Option(
-            "--os",
-            help="Operating systems of gpu1, gpu2, ... (comma-separated): bookworm (containerd 1.6), trixie "
-            "(1.7), trixie-containerd2 (2.x, lab-only); default: one of each in turn (cp1 is bookworm).",
-        ),
-    ] = None,
-    subnet: Annotated[
-        str | None,
-        typer.Option(help="Private IPv4 network for the lab (a /24 or larger); default: a free one."),
-    ] = None,
-    mirror_port: Annotated[
-        int | None,
-        typer.Option("--mirror-port", help="Port of the lab mirror on the lab gateway (default 8080)."),
-    ] = None,
-) -> int:
-    """Create the lab, or reconcile it with the options (idempotent)."""
-    from provisioner.lab import fleet, render
-
-    req = fleet.UpRequest(
-        lab=lab,
-        hosts=hosts,
-        profiles=_split(profiles) if profiles is not None else None,
-        os=_split(os_names) if os_names is not None else None,
-        subnet=subnet,
-        mirror_port=mirror_port,
-    )
-    st = fleet.up(req, progress=_lab_progress)
-    typer.echo(render.up_summary(st))
-    return 0
-
-
-@lab_app.command("down")
-def lab_down(lab: LabOpt = "default") -> int:
-    """Remove the lab: containers, network, volumes, mirror server, state."""
-    from provisioner.lab import fleet, render
-
-    typer.echo(render.down_summary(lab, fleet.down(lab, progress=_lab_progress)))
-    return 0
-
-
-@lab_app.command("status")
-def lab_status(
-    lab: LabOpt = "default",
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
-) -> int:
-    """Hosts of the lab: address, profile, state, SSH."""
-    from provisioner.lab import fleet, render
-
-    st, rows, mirror_ok = fleet.status(lab)
-    if output_format is OutputFormat.json:
-        typer.echo(render.status_json(st, rows, mirror_ok))
-    else:
-        render.status_table(st, rows, mirror_ok)
-    return 0
-
-
-@lab_app.command("inventory")
-def lab_inventory(lab: LabOpt = "default") -> int:
-    """Write the lab's Ansible inventory; its path is the last line printed."""
-    from provisioner.lab import inventory, state
-
-    typer.echo(str(inventory.write(state.require(lab))))
-    return 0
-
-
-@lab_app.command("fault")
-def lab_fault(
-    host: Annotated[str, typer.Argument(help="Lab host (cp1, gpu1, ...).")],
-    kind: Annotated[
-        str,
-        typer.Argument(
-            help="ecc, xid, pcie, gpu-missing, remap-pending, remap-failure, install-fail, drain-block, "
-            "unreachable; or clear."
-        ),
-    ],
-    gpu: Annotated[int | None, typer.Option("--gpu", help="GPU index for GPU faults (default 0).")] = None,
-    xid: Annotated[
-        int | None, typer.Option("--xid", help="Xid number for the xid fault (default 79).")
-    ] = None,
-    lab: LabOpt = "default",
-) -> int:
-    """Inject a fault into a lab host, or clear its faults."""
-    from provisioner.lab import faults
-
-    now = faults.inject(lab, host, kind, gpu=gpu, xid=xid)
-    typer.echo(f"{host}: " + (", ".join(faults.describe(f) for f in now) or "no faults"))
-    return 0
-
-
 def main() -> None:
     """Console entry point: run the app and turn library errors into one line and an exit code."""
+    _add_plugins()
     try:
         rc = app(standalone_mode=False)
     except typer.Exit as exc:

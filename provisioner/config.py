@@ -17,20 +17,16 @@ from typing import Any
 
 import yaml
 
+from provisioner.content import ROLES_DIR
 from provisioner.errors import InputError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-ROLES_DIR = PROJECT_ROOT / "roles"
-PLAYBOOKS_DIR = PROJECT_ROOT / "playbooks"
-
-# Knobs shared by several roles (docs/contracts.md). `gpuprov_lab_*` are the lab's notes for its tests.
+# Knobs shared by several roles (docs/contracts.md).
 GLOBAL_KNOBS: dict[str, str] = {
     "gpuprov_mirror_url": "str",
     "gpuprov_mirror_key_url": "str",
     "gpuprov_mirror_key_fingerprint": "str",
     "gpuprov_reboot_allowed": "bool",
 }
-_FREE_PREFIXES = ("gpuprov_lab_",)
 
 
 @dataclass(frozen=True)
@@ -188,8 +184,6 @@ def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> li
     """Problems with one host's role and global knobs."""
     problems: list[Problem] = []
     for key, value in sorted(hostvars.items()):
-        if key.startswith(_FREE_PREFIXES):
-            continue
         if key.startswith("gpuprov_"):
             if key not in GLOBAL_KNOBS:
                 problems.append(Problem(host, key, f"unknown setting (known: {', '.join(GLOBAL_KNOBS)})"))

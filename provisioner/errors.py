@@ -27,19 +27,7 @@ class InputError(GpuprovError):
     exit_code = EXIT_BAD_INPUT
 
 
-class RunFailed(GpuprovError):
-    """A run completed but some hosts failed."""
-
-    exit_code = EXIT_FAILED
-
-
 class Interrupted(GpuprovError):
     """The run was interrupted (Ctrl-C); what completed has been recorded."""
 
     exit_code = EXIT_INTERRUPTED
-
-
-class LabError(GpuprovError):
-    """The local lab could not be built, started or stopped."""
-
-    exit_code = EXIT_FAILED

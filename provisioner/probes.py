@@ -49,14 +49,6 @@ class Probe:
 
 
 SERVICE_UNITS = ("nvidia-persistenced", "nvidia-fabricmanager", "docker", "containerd", "kubelet")
-# Process names that stand for each unit on hosts without systemd.
-SERVICE_PROCESSES = {
-    "nvidia-persistenced": "nvidia-persistenced",
-    "nvidia-fabricmanager": "nv-fabricmanager",
-    "docker": "dockerd",
-    "containerd": "containerd",
-    "kubelet": "kubelet",
-}
 
 _PCI_FROM_SYSFS = r"""
     if command -v lspci >/dev/null 2>&1; then lspci -Dnn; return; fi

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provisioner import __version__
+
 
 def home() -> Path:
     return Path(os.environ.get("GPUPROV_HOME") or Path.home() / ".gpuprov")
@@ -26,7 +28,11 @@ FILE_MODE = 0o600
 
 
 def new_record(verb: str) -> Path:
-    """A fresh, unique run record directory (0700, under a 0700 runs directory)."""
+    """A fresh, unique run record directory (0700, under a 0700 runs directory).
+
+    Its record.json says which verb and which gpuprov version made it, so a record read later (for
+    `--retry-failed`, `--resume` or an audit) is never mistaken for another version's.
+    """
     base = runs_dir()
     base.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     os.chmod(base, DIR_MODE)
@@ -35,10 +41,11 @@ def new_record(verb: str) -> Path:
         path = base / (f"{stamp}-{verb}" if n == 0 else f"{stamp}-{verb}-{n}")
         try:
             path.mkdir(mode=DIR_MODE)
-            os.chmod(path, DIR_MODE)
-            return path
         except FileExistsError:
             continue
+        os.chmod(path, DIR_MODE)
+        write_json(path / "record.json", {"verb": verb, "gpuprov_version": __version__, "started_at": stamp})
+        return path
     raise RuntimeError(f"cannot create a run record under {base}")
 
 

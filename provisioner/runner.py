@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import records
-from provisioner.config import PROJECT_ROOT, ROLES_DIR
+from provisioner.content import ANSIBLE_CFG, ROLES_DIR
 from provisioner.errors import GpuprovError
 from provisioner.stages import STAGE_NAMES
 
-ANSIBLE_CFG = PROJECT_ROOT / "ansible.cfg"
 # A task whose name starts with this, when it runs (not skipped), marks the host "reboot pending".
 REBOOT_PENDING_MARK = "REBOOT PENDING"
 REBOOT_PENDING_FACT = "nvidia_driver_reboot_pending"

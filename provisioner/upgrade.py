@@ -657,7 +657,7 @@ _FULL_VERSION = re.compile(r"\d{3}\.\d+\.\d+")
 def _role_default(knob: str) -> Any:
     import yaml
 
-    from provisioner.config import ROLES_DIR
+    from provisioner.content import ROLES_DIR
 
     path = ROLES_DIR / "nvidia_driver" / "defaults" / "main.yml"
     try:

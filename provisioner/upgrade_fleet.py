@@ -28,7 +28,7 @@ from provisioner import probes as P
 from provisioner.checks import PASS, HostFacts, evaluate
 from provisioner.checks.driver import installed_version
 from provisioner.checks.model import Unavailable
-from provisioner.config import PLAYBOOKS_DIR
+from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import GpuprovError
 from provisioner.executors import CommandResult, CommandTimeout, ExecutorError, SshExecutor, SshTarget
 from provisioner.hosttext import short_safe_text

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from provisioner import probes as P
 from provisioner.checks import CHECK_IDS, ERROR, Finding, HostFacts, evaluate, probes_for, select_checks
 from provisioner.checks.model import REGISTRY
-from provisioner.errors import GpuprovError, InputError, Interrupted
+from provisioner.errors import InputError, Interrupted
 from provisioner.executors import (
     Executor,
     ExecutorError,
@@ -503,10 +503,7 @@ def load_hosts(inventory: Path, limit: str | None) -> list[Any]:
     """Hosts from an Ansible inventory (provisioner.inventory), filtered by --limit."""
     if not inventory.exists():
         raise InputError(f"-i {inventory}: inventory not found")
-    try:
-        from provisioner.inventory import load_inventory
-    except ImportError as exc:  # the inventory reader is a separate module of this package
-        raise GpuprovError(f"-i {inventory}: inventory support is not in this build ({exc})") from exc
+    from provisioner.inventory import load_inventory
 
     hosts = load_inventory(inventory).select(limit)
     if not hosts:

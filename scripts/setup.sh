@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up this machine for gpuprov: apt packages, the Python venv (.venv) with gpuprov installed.
+# Set up this machine for gpuprov: apt packages, the Python venv (.venv) with gpuprov and its lab installed.
 # Idempotent: a second run only checks. Needs root (apt); Debian 12 or Ubuntu 22.04/24.04.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +21,15 @@ fi
 
 PY=${PYTHON:-python3}
 stamp=.venv/.gpuprov-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py lab/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
-  echo "setup: installing gpuprov and its dependencies into .venv"
+  echo "setup: installing gpuprov, its lab and their dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  # The product and, as a distribution of its own, the lab (which adds `gpuprov lab`).
+  .venv/bin/python -m pip install -q -e '.[dev]' -e ./lab
   echo "$want" > "$stamp"
 fi
 echo "setup: ready (.venv/bin/gpuprov)"

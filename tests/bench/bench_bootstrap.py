@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from provisioner.lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+
 from provisioner.runner import ansible_env, ansible_playbook_binary  # noqa: E402
 
 TARGET_RATIO = 1.1

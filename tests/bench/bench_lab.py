@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from provisioner.lab import engine, image, keys, paths, state  # noqa: E402
-from provisioner.lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from gpuprov_lab import engine, image, keys, paths, state  # noqa: E402
+from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
 
 TARGET_UP_S = 30.0
 TARGET_SCRATCH_S = 480.0

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from provisioner.lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
 
 TARGET_RATIO = 1.2
 OLD = "570.195.03"

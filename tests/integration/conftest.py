@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
-from provisioner.lab.testkit import Lab, gpuprov
+from gpuprov_lab.testkit import Lab, gpuprov
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def test_a_plain_pod_gets_its_gpu_on_every_gpu_node(bootstrapped: Any) -> None:
     """A pod that requests nvidia.com/gpu without runtimeClassName: the lab kubelet decides what its
     container sees from the device plugin's settings (as the real operator set them from the
     ClusterPolicy the real chart rendered), the host's real `containerd config dump` and the real CDI
-    specs (provisioner/lab/sim/kube_gpu.py)."""
+    specs (lab/gpuprov_lab/sim/kube_gpu.py)."""
     lab = bootstrapped.lab
     for host in _gpu_hosts(lab):
         ok, logs = _run_gpu_pod(lab, host)
@@ -241,7 +241,7 @@ def test_a_rerun_keeps_the_sites_settings_and_converges_an_old_layout(bootstrapp
     provisioned the old way (containerd's default file with the nvidia runtime inline) converges to the
     role's layout without losing a key, with a backup of the file it replaced. A file changed after
     containerd started gets containerd restarted, and only that."""
-    from provisioner.lab.testkit import gpuprov
+    from gpuprov_lab.testkit import gpuprov
 
     lab = bootstrapped.lab
     hosts = _gpu_hosts(lab)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpuprov_lab import debian, faults, fleet, image, mirror, plan, runc_capfilter, vendor
+from gpuprov_lab.engine import docker_cli
+from gpuprov_lab.state import LabState
+from gpuprov_lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 from provisioner.errors import InputError
-from provisioner.lab import debian, faults, fleet, image, mirror, plan, runc_capfilter, vendor
-from provisioner.lab.engine import docker_cli
-from provisioner.lab.state import LabState
-from provisioner.lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 LAB_PHASE = "fresh"  # see tests/conftest.py
 
@@ -260,7 +260,7 @@ def test_a_wrong_key_is_refused_with_no_pubkey(lab: Lab) -> None:
 
 @pytest.mark.lab
 def test_vendor_repositories_follow_the_mirror_layout_and_are_signed(lab: Lab, tmp_path: Path) -> None:
-    catalog = pytest.importorskip("provisioner.lab.sim.catalog")
+    catalog = pytest.importorskip("gpuprov_lab.sim.catalog")
     key = urllib.request.urlopen(f"{lab.mirror_url}/{mirror.KEY_NAME}.gpg", timeout=10).read()
     keyring = tmp_path / "lab.gpg"
     keyring.write_bytes(key)

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuprov_lab.testkit import Lab, gpuprov
 
-from provisioner.config import PLAYBOOKS_DIR, ROLES_DIR
-from provisioner.lab.testkit import Lab, gpuprov
+from provisioner.content import PLAYBOOKS_DIR, ROLES_DIR
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "reprovisions"  # see tests/conftest.py

@@ -12,8 +12,7 @@ import time
 from typing import Any
 
 import pytest
-
-from provisioner.lab.testkit import Lab, gpuprov
+from gpuprov_lab.testkit import Lab, gpuprov
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "bootstrapped"  # see tests/conftest.py

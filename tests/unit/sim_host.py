@@ -1,6 +1,6 @@
 """A simulated lab host in a temporary directory, for the tests of the lab's GPU simulation.
 
-The in-host emulation (provisioner/lab/sim/hostfiles/usr/lib/gpuprov-lab/python/gpuprovsim) runs here
+The in-host emulation (lab/gpuprov_lab/sim/hostfiles/usr/lib/gpuprov-lab/python/gpuprovsim) runs here
 against a root directory (GPUPROV_SIM_ROOT) instead of /: the profile and faults files the lab writes,
 the sim packages extracted from the .debs the mirror serves, and the NVIDIA modules built from the DKMS
 package's own Makefile with the system C compiler, as dkms does on a lab host.
@@ -21,8 +21,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gpuprov_lab.sim import catalog, debs, nvidia, nvml, profiles
+
 from provisioner import probes
-from provisioner.lab.sim import catalog, debs, nvidia, nvml, profiles
 
 HOSTLIB = Path(nvidia.__file__).parent / "hostfiles" / "usr" / "lib" / "gpuprov-lab" / "python"
 if str(HOSTLIB) not in sys.path:

@@ -177,7 +177,7 @@ def test_stage_catalog_matches_the_site_playbook() -> None:
     """Each stage is one play of site.yml, in order, with the host pattern the catalog says."""
     import yaml
 
-    from provisioner.config import PLAYBOOKS_DIR
+    from provisioner.content import PLAYBOOKS_DIR
     from provisioner.stages import STAGES
 
     plays = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())

@@ -70,7 +70,7 @@ def test_bad_values_are_named(roles: Path, key: str, value: object, expect: str)
 
 
 def test_unrelated_variables_are_ignored(roles: Path) -> None:
-    assert problems(roles, ansible_host="1.2.3.4", my_site_var=1, gpuprov_lab_profile="h200") == []
+    assert problems(roles, ansible_host="1.2.3.4", my_site_var=1, lab_profile="h200") == []
 
 
 def test_validate_names_the_file_that_sets_the_key(roles: Path, tmp_path: Path) -> None:

@@ -185,7 +185,7 @@ def test_unmet_names_what_is_missing() -> None:
 @pytest.fixture(scope="module")
 def real_containerd() -> dict[str, Path]:
     """Debian's containerd of each generation (downloaded once into the cache)."""
-    from provisioner.lab import vendor
+    from gpuprov_lab import vendor
 
     return {gen: vendor.containerd(gen) for gen in vendor.CONTAINERD_SUITES}
 
@@ -245,7 +245,7 @@ def test_real_containerd_1_lets_a_drop_in_hide_config_toml(
 
 @pytest.mark.parametrize("generation", ["1.6", "1.7", "2.1"])
 def test_nvidia_runtime_matches_what_the_real_nvidia_ctk_writes(generation: str, tmp_path: Path) -> None:
-    from provisioner.lab import vendor
+    from gpuprov_lab import vendor
 
     ctk = vendor.nvidia_ctk()
     config = tmp_path / "config.toml"
@@ -274,7 +274,7 @@ def test_nvidia_runtime_matches_what_the_real_nvidia_ctk_writes(generation: str,
 
 def test_real_nvidia_ctk_with_an_empty_drop_in_flag_fails(tmp_path: Path) -> None:
     """What the role ran before: `--drop-in-config=` (empty, one argument) makes 1.18.0 exit 1."""
-    from provisioner.lab import vendor
+    from gpuprov_lab import vendor
 
     config = tmp_path / "config.toml"
     config.write_text(default_config("1.6"))

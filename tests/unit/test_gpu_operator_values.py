@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from provisioner.lab import vendor
+from gpuprov_lab import vendor
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES_TASKS = ROOT / "roles" / "gpu_operator" / "tasks" / "values.yml"

@@ -7,10 +7,11 @@ import ipaddress
 from pathlib import Path
 
 import pytest
+from gpuprov_lab import distros, fleet, inventory, plan
+from gpuprov_lab.errors import LabError
+from gpuprov_lab.state import LabState
 
-from provisioner.errors import InputError, LabError
-from provisioner.lab import distros, fleet, inventory, plan
-from provisioner.lab.state import LabState
+from provisioner.errors import InputError
 
 NET = ipaddress.IPv4Network("10.213.9.0/24")
 
@@ -55,7 +56,7 @@ def test_debian_13_hosts_get_the_settings_nvidias_debian13_repository_needs(tmp_
     assert gpus["gpu1"]["nvidia_driver_branch"] == "590" and gpus["gpu1"]["cuda_toolkit_versions"] == ["13.1"]
     assert gpus["gpu3"]["nvidia_driver_version"] == "590.48.01"
     assert "nvidia_driver_branch" not in gpus["gpu2"]  # Debian 12: the roles' defaults
-    assert gpus["gpu3"]["gpuprov_lab_os"] == "trixie-containerd2"
+    assert gpus["gpu3"]["lab_os"] == "trixie-containerd2"
 
 
 def test_the_lab_refuses_a_machine_with_a_real_nvidia_driver(tmp_path: Path) -> None:

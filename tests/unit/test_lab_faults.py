@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from provisioner.errors import LabError
-from provisioner.lab import faults
-from provisioner.lab.plan import HostSpec
-from provisioner.lab.sim import kube_let
-from provisioner.lab.state import LabState
+from gpuprov_lab import faults
+from gpuprov_lab.errors import LabError
+from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.sim import kube_let
+from gpuprov_lab.state import LabState
 
 
 def _lab() -> LabState:

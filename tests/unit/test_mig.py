@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from gpuprov_lab import vendor
 
 from provisioner import mig
 from provisioner.errors import InputError
-from provisioner.lab import vendor
 
 H100, H200 = 0x2330, 0x2335
 

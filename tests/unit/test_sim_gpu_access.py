@@ -1,4 +1,4 @@
-"""The lab kubelet's answer to "does this container get its GPU?" (provisioner/lab/sim/kube_gpu.py), from
+"""The lab kubelet's answer to "does this container get its GPU?" (lab/gpuprov_lab/sim/kube_gpu.py), from
 real inputs: the device plugin's CDI spec as the real nvidia-ctk 1.18.0 writes it against NVIDIA's mock
 NVML (vendor k8s.device-plugin.nvidia.com, devices by UUID, as the plugin's own nvcdi library names them),
 and containerd configurations of each generation as the containerd_config role writes them."""
@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 import role_plugins
-
-from provisioner.lab import vendor
-from provisioner.lab.sim import kube_gpu, nvml, profiles
-from provisioner.lab.sim.kube_host import Host
+from gpuprov_lab import vendor
+from gpuprov_lab.sim import kube_gpu, nvml, profiles
+from gpuprov_lab.sim.kube_host import Host
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "containerd"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import sim_host
+from gpuprov_lab import debian, vendor
+from gpuprov_lab.sim import profiles
 from sim_host import KERNEL, SimHost
 
 from provisioner import probes
 from provisioner.checks import HostFacts, evaluate
-from provisioner.lab import debian, vendor
-from provisioner.lab.sim import profiles
 from provisioner.policy import Expectations
 
 GPU_PROFILES = [name for name, p in profiles.PROFILES.items() if p.gpu_count]

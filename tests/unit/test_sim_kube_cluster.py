@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from provisioner.lab.sim import kube, kube_pki
-from provisioner.lab.sim import kube_testing as kt
+from gpuprov_lab.sim import kube, kube_pki
+from gpuprov_lab.sim import kube_testing as kt
 
 pytestmark = pytest.mark.slow
 
@@ -585,7 +584,7 @@ def _older_chart(tmp: Path) -> bytes:
     import shutil
     import subprocess
 
-    from provisioner.lab import vendor
+    from gpuprov_lab import vendor
 
     src = tmp / "gpu-operator"
     shutil.copytree(vendor.artifact("gpu-operator", "chart"), src)

@@ -9,11 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from provisioner.lab.sim import kube_ctl, kube_helm, kube_pki, kube_store
-from provisioner.lab.sim import kube_jsonpath as jp
-from provisioner.lab.sim import kube_util as u
-from provisioner.lab.sim.kube_host import Host, containerd_config
+from gpuprov_lab.sim import kube_ctl, kube_helm, kube_pki, kube_store
+from gpuprov_lab.sim import kube_jsonpath as jp
+from gpuprov_lab.sim import kube_util as u
+from gpuprov_lab.sim.kube_host import Host, containerd_config
 
 NODES = {
     "kind": "List",
@@ -268,7 +267,7 @@ def test_controllers_share_pod_lists_until_the_store_changes(tmp_path: Path) -> 
     """A controllers' pass lists the same pods many times: one copy per store version, never a stale one."""
     from types import SimpleNamespace
 
-    from provisioner.lab.sim import kube_ctrl
+    from gpuprov_lab.sim import kube_ctrl
 
     s = kube_store.Store(tmp_path / "store.json")
     pods = s.res("pods")
@@ -296,7 +295,7 @@ def test_kubelet_looks_at_the_container_runtime_once_per_ttl(monkeypatch: pytest
     """Every pod's status needs the runtime's state; systemctl is asked once per RUNTIME_TTL, not per pod."""
     from types import SimpleNamespace
 
-    from provisioner.lab.sim import kube_let
+    from gpuprov_lab.sim import kube_let
 
     calls: list[str] = []
     clock = [100.0]

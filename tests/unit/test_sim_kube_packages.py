@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from provisioner.lab.sim import catalog, debs, kube, kube_helm
+from gpuprov_lab.sim import catalog, debs, kube, kube_helm
 
 EXPECTED = {
     ("kubelet", "1.33.5-1.1", "k8s-1.33"),
@@ -239,8 +238,8 @@ def test_flannel_manifest_has_the_real_objects(mirror_files: dict[str, bytes]) -
 
 
 def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path, monkeypatch) -> None:
-    from provisioner.lab import vendor
-    from provisioner.lab.sim import kube_testing as kt
+    from gpuprov_lab import vendor
+    from gpuprov_lab.sim import kube_testing as kt
 
     monkeypatch.setenv("GPUPROV_LAB_REAL_HELM", str(vendor.helm()))
 

@@ -1,4 +1,4 @@
-"""The lab's GPU Operator (provisioner/lab/sim/kube_operator.py) derives its operands from NVIDIA's real
+"""The lab's GPU Operator (lab/gpuprov_lab/sim/kube_operator.py) derives its operands from NVIDIA's real
 v25.10.0 manifests and the real ClusterPolicy (the real chart rendered by the real helm with the values
 the gpu_operator role sets), applying the transforms of the operator's object_controls.go."""
 
@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from provisioner.lab import vendor
-from provisioner.lab.sim import kube, kube_helm
-from provisioner.lab.sim import kube_operator as op
+from gpuprov_lab import vendor
+from gpuprov_lab.sim import kube, kube_helm
+from gpuprov_lab.sim import kube_operator as op
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,7 +26,7 @@ def _vendor_env() -> Any:
 
 def _policy_spec(values: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """The ClusterPolicy's spec the real chart renders for ``values``."""
-    from provisioner.lab.sim import kube_testing as kt
+    from gpuprov_lab.sim import kube_testing as kt
 
     chart = kube_helm.load_chart_archive(kube.chart_tgz())
     h = kube_helm.Helm(kt.SimHost(root=tmp, name="x"), {}, io.StringIO(), io.StringIO())

@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from gpuprov_lab.errors import LabError
+from gpuprov_lab.sim import catalog, debs, nvidia
 from sim_host import KERNEL, deb_dir
 
 from provisioner import probes
-from provisioner.errors import LabError
-from provisioner.lab.sim import catalog, debs, nvidia
 
 DRIVER_NAMES = (
     "nvidia-kernel-open-dkms",

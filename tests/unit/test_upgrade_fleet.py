@@ -433,7 +433,7 @@ def test_the_real_kubectl_parses_every_command_line_as_meant(tmp_path: Path) -> 
     import shlex
     import subprocess
 
-    from provisioner.lab import vendor
+    from gpuprov_lab import vendor
 
     k, fake = kube({"get node": [ok(json.dumps(NODE))], "get pods": [ok(json.dumps({"items": [
         pod("ml", "infer", {"nvidia.com/gpu": "1"})]}))]})  # fmt: skip

@@ -1,6 +1,6 @@
 """The nvidia_driver role's package specs, resolved against NVIDIA's real package names and versions.
 
-provisioner/lab/sim/vendor-catalog.yaml holds what NVIDIA publishes per repository and branch, each
+lab/gpuprov_lab/sim/vendor-catalog.yaml holds what NVIDIA publishes per repository and branch, each
 entry with its public sources. Every spec the role computes (``__nvidia_driver_packages``, rendered by
 Ansible's own templar from the role's vars) for every supported distro x branch x release x kernel-module
 flavour x fabric manager on/off must name a package the repository has and match one of its versions;
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CATALOG = yaml.safe_load((ROOT / "provisioner" / "lab" / "sim" / "vendor-catalog.yaml").read_text())
+CATALOG = yaml.safe_load((ROOT / "lab" / "gpuprov_lab" / "sim" / "vendor-catalog.yaml").read_text())
 ROLE = ROOT / "roles" / "nvidia_driver"
 VARS_FILES = {"ubuntu2204": "Ubuntu-22.yml", "ubuntu2404": "Ubuntu-24.yml", "debian12": "Debian-12.yml",
               "debian13": "Debian-13.yml"}  # fmt: skip

@@ -315,7 +315,7 @@ def make_node(root: Path, name: str, gpus: int = 0, shared_keys: bool = True) ->
 def use_vendor_artifacts() -> None:
     """Off a lab host, the lab's helm and operator find the real helm binary and the GPU Operator's
     manifests (which a lab host's packages carry) among the vendor artifacts."""
-    from provisioner.lab import vendor
+    from gpuprov_lab import vendor
 
     os.environ.setdefault("GPUPROV_LAB_REAL_HELM", str(vendor.helm()))
     os.environ.setdefault("GPUPROV_LAB_OPERATOR_ASSETS", str(vendor.artifact("gpu-operator", "assets")))

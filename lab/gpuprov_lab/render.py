@@ -9,8 +9,8 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.table import Table
 
-from provisioner.lab.fleet import DownReport, HostStatus
-from provisioner.lab.state import LabState
+from gpuprov_lab.fleet import DownReport, HostStatus
+from gpuprov_lab.state import LabState
 
 
 def status_table(st: LabState, rows: list[HostStatus], mirror_ok: bool) -> None:

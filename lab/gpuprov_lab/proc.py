@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from provisioner.errors import LabError
+from gpuprov_lab.errors import LabError
 
 
 def run(

@@ -106,9 +106,9 @@ def lab_from_inventory(name: str, inventory: Path) -> Lab:
             hosts[host] = LabHost(
                 host,
                 hv["ansible_host"],
-                hv["gpuprov_lab_profile"],
-                hv["gpuprov_lab_gpu_count"],
-                hv.get("gpuprov_lab_os", "bookworm"),
+                hv["lab_profile"],
+                hv["lab_gpu_count"],
+                hv.get("lab_os", "bookworm"),
             )
     args = common["ansible_ssh_common_args"].split()
     known = next(a.split("=", 1)[1] for a in args if a.startswith("UserKnownHostsFile="))
@@ -125,7 +125,7 @@ def lab_from_inventory(name: str, inventory: Path) -> Lab:
 
 def lab_unavailable() -> str | None:
     """Why no lab can run on this machine, or None."""
-    from provisioner.lab.engine import unavailable_reason
+    from gpuprov_lab.engine import unavailable_reason
 
     return unavailable_reason()
 

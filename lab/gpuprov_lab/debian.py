@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.errors import LabError
-from provisioner.lab import image, paths, proc
+from gpuprov_lab import image, paths, proc
+from gpuprov_lab.errors import LabError
 
 # Suites the lab knows, and what each stands for in the lab.
 SUITES = ("bookworm", "trixie", "sid")

@@ -6,7 +6,7 @@ NAT lab traffic off the machine: daemon.json keeps ``"ip-forward": false, "ip-ma
 lab network is ``--internal`` with masquerading off.
 
 Some VMs lack capabilities in their bounding set, so ``docker run --privileged`` fails with "unable to
-apply caps"; only when that failure is seen does gpuprov install :mod:`provisioner.lab.runc_capfilter`
+apply caps"; only when that failure is seen does gpuprov install :mod:`gpuprov_lab.runc_capfilter`
 as the engine's default runtime.
 """
 
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from provisioner.errors import LabError
-from provisioner.lab import paths, proc
+from gpuprov_lab import paths, proc
+from gpuprov_lab.errors import LabError
 
 DAEMON_JSON = Path("/etc/docker/daemon.json")
 DOCKER_PIDFILE = Path("/var/run/docker.pid")

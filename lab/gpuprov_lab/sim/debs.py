@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.errors import LabError
+from gpuprov_lab.errors import LabError
 
 SIMULATED = "SIMULATED (gpuprov lab)"
 MAINTAINER = "gpuprov lab simulation <lab@gpuprov.invalid>"

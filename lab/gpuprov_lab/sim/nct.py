@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 
-from provisioner.lab import vendor
-from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
-from provisioner.lab.sim.elf import shared_object
-from provisioner.lab.sim.nvidia import LIBDIR, tool
+from gpuprov_lab import vendor
+from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
+from gpuprov_lab.sim.elf import shared_object
+from gpuprov_lab.sim.nvidia import LIBDIR, tool
 
 NCT_REPO = "nct"
 VERSION = "1.18.0"

@@ -1,6 +1,6 @@
 """The lab mirror's HTTP server (one process per lab, bound to the lab network's gateway address).
 
-Run as ``python -m provisioner.lab.httpserve --bind IP --port N --directory DIR``; stops on SIGTERM.
+Run as ``python -m gpuprov_lab.httpserve --bind IP --port N --directory DIR``; stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class MirrorHandler(SimpleHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="provisioner.lab.httpserve")
+    ap = argparse.ArgumentParser(prog="gpuprov_lab.httpserve")
     ap.add_argument("--bind", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--directory", required=True)

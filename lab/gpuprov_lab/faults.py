@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provisioner.errors import InputError, LabError
-from provisioner.lab import paths, state
+from gpuprov_lab import paths, state
+from gpuprov_lab.errors import LabError
+from provisioner.errors import InputError
 
 GPU_KINDS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
 HOST_KINDS = ("install-fail", "drain-block", "unreachable")
@@ -92,7 +93,7 @@ def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | No
     """Add a fault to a host (or clear them all); return the host's faults now in force."""
     st = state.require(lab)
     fault = build_fault(st, host, kind, gpu, xid)
-    from provisioner.lab import network  # the engine is needed only for unreachable
+    from gpuprov_lab import network  # the engine is needed only for unreachable
 
     with state.lock():
         lp = st.paths
@@ -118,8 +119,8 @@ def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | No
 def _blocking_pods(st: state.LabState, host: str) -> list[dict[str, Any]] | None:
     """The drain-block pods bound to ``host``'s node, read through the control plane; None when there is
     no cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
-    from provisioner.lab import fleet
-    from provisioner.lab.plan import CONTROL_PLANE
+    from gpuprov_lab import fleet
+    from gpuprov_lab.plan import CONTROL_PLANE
 
     if is_unreachable(st.paths, CONTROL_PLANE):
         return None

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuprov_lab import paths
+from gpuprov_lab.plan import HostSpec
 from provisioner.errors import InputError
-from provisioner.lab import paths
-from provisioner.lab.plan import HostSpec
 
 FORMAT = 1
 

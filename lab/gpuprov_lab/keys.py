@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.errors import LabError
-from provisioner.lab import paths, proc
+from gpuprov_lab import paths, proc
+from gpuprov_lab.errors import LabError
 
 ARCHIVE_KEY_UID = "gpuprov lab archive (SIMULATED, local test mirror) <lab-archive@gpuprov.invalid>"
 

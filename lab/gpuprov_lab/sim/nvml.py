@@ -21,8 +21,7 @@ import json
 from typing import Any
 
 import yaml
-
-from provisioner.lab import vendor
+from gpuprov_lab import vendor
 
 # Architecture (profile.json's "architecture") → NVIDIA's mock profile of that generation.
 BASE_PROFILES = {

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from provisioner.lab import vendor
-from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
-from provisioner.lab.sim.elf import shared_object
+from gpuprov_lab import vendor
+from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
+from gpuprov_lab.sim.elf import shared_object
 
 # The lab's CUDA repositories (catalog.REPOS keys) and the catalog's name for each.
 CUDA_REPOS = {"cuda-debian12": "debian12", "cuda-debian13": "debian13"}
@@ -93,7 +92,7 @@ sys.exit({module}.main({prog!r}, sys.argv[1:]{", " if args else ""}{args}))
 def _doc(name: str, what: str) -> dict[str, SimFile]:
     return {
         f"/usr/share/doc/{name}/README.simulated": SimFile(
-            f"{name}: {SIMULATED}.\n{what}\nIt exists only on gpuprov lab hosts; see provisioner/lab/sim.\n"
+            f"{name}: {SIMULATED}.\n{what}\nIt exists only on gpuprov lab hosts; see lab/gpuprov_lab/sim.\n"
         )
     }
 

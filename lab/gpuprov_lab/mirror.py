@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.errors import LabError
-from provisioner.lab import distros, image, keys, paths, proc, state, vendor
-from provisioner.lab.engine import Progress, _quiet
-from provisioner.lab.keys import ArchiveKey
+from gpuprov_lab import distros, image, keys, paths, proc, state, vendor
+from gpuprov_lab.engine import Progress, _quiet
+from gpuprov_lab.errors import LabError
+from gpuprov_lab.keys import ArchiveKey
 
 FORMAT = "3"
 SUITE = image.SUITE
@@ -166,10 +166,10 @@ class SimRepo:
 
 def _sim() -> tuple[Any, Any]:
     try:
-        catalog = importlib.import_module("provisioner.lab.sim.catalog")
-        debs = importlib.import_module("provisioner.lab.sim.debs")
+        catalog = importlib.import_module("gpuprov_lab.sim.catalog")
+        debs = importlib.import_module("gpuprov_lab.sim.debs")
     except ImportError as exc:
-        raise LabError(f"the lab's simulated packages (provisioner.lab.sim) cannot be loaded: {exc}") from exc
+        raise LabError(f"the lab's simulated packages (gpuprov_lab.sim) cannot be loaded: {exc}") from exc
     return catalog, debs
 
 
@@ -178,7 +178,7 @@ def sim_repos(catalog: Any) -> list[SimRepo]:
     for key, (path, layout) in catalog.REPOS.items():
         rel = str(path).strip("/")
         if rel.startswith("..") or "/../" in f"/{rel}/" or rel.startswith("debian"):
-            raise LabError(f"provisioner.lab.sim.catalog.REPOS[{key!r}]: path {path!r} is not a mirror path")
+            raise LabError(f"gpuprov_lab.sim.catalog.REPOS[{key!r}]: path {path!r} is not a mirror path")
         repos.append(SimRepo(key, rel, layout))
     return repos
 
@@ -538,7 +538,7 @@ def _server_argv(bind: str, port: int, directory: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "provisioner.lab.httpserve",
+        "gpuprov_lab.httpserve",
         "--bind",
         bind,
         "--port",
@@ -551,7 +551,7 @@ def _server_argv(bind: str, port: int, directory: Path) -> list[str]:
 def server_pid(lp: paths.LabPaths) -> int | None:
     """PID of the lab's mirror server, if the recorded PID is still that server."""
     pid = proc.read_pid(lp.mirror_pid)
-    if pid and proc.pid_matches(pid, ["provisioner.lab.httpserve"]):
+    if pid and proc.pid_matches(pid, ["gpuprov_lab.httpserve"]):
         return pid
     return None
 

@@ -3,7 +3,7 @@
 ``REPOS`` maps a repository key to its path under the lab mirror and its apt layout (docs/contracts.md,
 "Mirror layout"); :func:`all_packages` is every simulated package with the repositories it goes into.
 The Kubernetes side (kubeadm, kubelet, kubectl, helm, charts, CNI manifest) comes from
-``provisioner.lab.sim.kube`` when that module exists: it provides ``packages()`` and
+``gpuprov_lab.sim.kube`` when that module exists: it provides ``packages()`` and
 ``extra_mirror_files()``.
 
 A package whose repo is :data:`DEBIAN` (the simulated kernel headers for the lab's running kernel) is
@@ -16,8 +16,8 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from provisioner.lab.sim import nct, nvidia
-from provisioner.lab.sim.debs import SimPackage
+from gpuprov_lab.sim import nct, nvidia
+from gpuprov_lab.sim.debs import SimPackage
 
 # Repo key of packages that belong in the distro archive (not a vendor repository).
 DEBIAN = "debian"
@@ -35,9 +35,9 @@ REPOS: dict[str, tuple[str, Any]] = {
 def _kube() -> ModuleType | None:
     """The Kubernetes simulation, when it is part of this checkout."""
     try:
-        return importlib.import_module("provisioner.lab.sim.kube")
+        return importlib.import_module("gpuprov_lab.sim.kube")
     except ModuleNotFoundError as exc:
-        if exc.name != "provisioner.lab.sim.kube":
+        if exc.name != "gpuprov_lab.sim.kube":
             raise
         return None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from provisioner.lab.sim.debs import SIMULATED, SimFile, SimPackage
+from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
 
 HERE = Path(__file__).parent
 KUBEFILES = HERE / "kubefiles"
@@ -100,7 +100,7 @@ def _doc(pkg: str, what: str) -> dict[str, SimFile]:
     return {
         f"/usr/share/doc/{pkg}/README.simulated": SimFile(
             f"{pkg}: {SIMULATED}.\n{what}\nIt exists only on gpuprov lab hosts; see "
-            f"provisioner/lab/sim/kube.py.\n"
+            f"lab/gpuprov_lab/sim/kube.py.\n"
         )
     }
 
@@ -144,8 +144,8 @@ fi
 def operator_assets() -> dict[str, SimFile]:
     """The GPU Operator's real per-state manifests (the vendor's assets/ directory), which the lab's
     simulated operator, in the control plane, applies (kube_operator)."""
-    from provisioner.lab import vendor
-    from provisioner.lab.sim import kube_operator
+    from gpuprov_lab import vendor
+    from gpuprov_lab.sim import kube_operator
 
     base = vendor.artifact("gpu-operator", "assets")
     files: dict[str, SimFile] = {}
@@ -157,7 +157,7 @@ def operator_assets() -> dict[str, SimFile]:
 
 
 def kube_packages(minor: str) -> list[SimPackage]:
-    from provisioner.lab.sim import kube_cri, kube_let
+    from gpuprov_lab.sim import kube_cri, kube_let
 
     v = MINORS[minor]
     kv = "v" + v["kube"].split("-")[0]
@@ -277,8 +277,8 @@ fi
 def helm_package() -> SimPackage:
     """helm: the lab's helm (it keeps releases in the simulated cluster) with the real helm binary it
     renders charts with (kube_helm.REAL_HELM)."""
-    from provisioner.lab import vendor
-    from provisioner.lab.sim.kube_helm import REAL_HELM
+    from gpuprov_lab import vendor
+    from gpuprov_lab.sim.kube_helm import REAL_HELM
 
     return SimPackage(
         name="helm",
@@ -317,8 +317,8 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def chart_tgz() -> bytes:
-    """NVIDIA's GPU Operator chart, packaged as the release was (provisioner.lab.vendor)."""
-    from provisioner.lab import vendor
+    """NVIDIA's GPU Operator chart, packaged as the release was (gpuprov_lab.vendor)."""
+    from gpuprov_lab import vendor
 
     return vendor.gpu_operator_chart().read_bytes()
 
@@ -328,7 +328,7 @@ def chart_index(tgz: bytes) -> bytes:
     import io
     import tarfile
 
-    from provisioner.lab.sim import kube_util as ku
+    from gpuprov_lab.sim import kube_util as ku
 
     with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
         member = tar.extractfile("gpu-operator/Chart.yaml")

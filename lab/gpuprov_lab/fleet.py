@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from provisioner.errors import InputError, LabError
-from provisioner.lab import distros, engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
-from provisioner.lab.engine import Docker, Progress, _quiet
-from provisioner.lab.plan import HostSpec
-from provisioner.lab.sim import nvml
-from provisioner.lab.state import LabState
+from gpuprov_lab import distros, engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
+from gpuprov_lab.engine import Docker, Progress, _quiet
+from gpuprov_lab.errors import LabError
+from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.sim import nvml
+from gpuprov_lab.state import LabState
+from provisioner.errors import InputError
 
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 DEFAULT_MIRROR_PORT = 8080

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from provisioner.lab import distros, keys, plan
-from provisioner.lab.mirror import KEY_NAME
-from provisioner.lab.state import LabState
+from gpuprov_lab import distros, keys, plan
+from gpuprov_lab.mirror import KEY_NAME
+from gpuprov_lab.state import LabState
 
 
 def document(st: LabState) -> dict[str, Any]:
@@ -27,9 +27,9 @@ def document(st: LabState) -> dict[str, Any]:
         return {
             "ansible_host": h.ip,
             **settings,
-            "gpuprov_lab_profile": h.profile,
-            "gpuprov_lab_gpu_count": h.gpu_count,
-            "gpuprov_lab_os": h.os,
+            "lab_profile": h.profile,
+            "lab_gpu_count": h.gpu_count,
+            "lab_os": h.os,
         }
 
     cps = [h.name for h in st.hosts if not h.is_gpu]
@@ -46,7 +46,7 @@ def document(st: LabState) -> dict[str, Any]:
                 "gpuprov_mirror_url": st.mirror_url,
                 "gpuprov_mirror_key_url": f"{st.mirror_url}/{KEY_NAME}.asc",
                 "gpuprov_mirror_key_fingerprint": key.fingerprint,
-                "gpuprov_lab_name": st.name,
+                "lab_name": st.name,
                 **_flannel_checksum(st),
             },
             "children": {

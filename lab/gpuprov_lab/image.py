@@ -1,6 +1,6 @@
 """The lab host image: a debootstrapped Debian 12 rootfs (cached), imported into Docker, then a
 Dockerfile that makes it boot systemd as PID 1 with sshd, and bakes in the sim engineer's hardware
-emulation (``provisioner/lab/sim/hostfiles/``) and the lab archive key.
+emulation (``lab/gpuprov_lab/sim/hostfiles/``) and the lab archive key.
 
 Each layer is cached and rebuilt only when its inputs change: the rootfs by its package list, the host
 image by a hash of the Dockerfile, the hostfiles tree, the archive key and the running kernel (the
@@ -16,12 +16,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from provisioner.errors import LabError
-from provisioner.lab import paths, proc
-from provisioner.lab.engine import Docker, Progress, _quiet
+from gpuprov_lab import paths, proc
+from gpuprov_lab.engine import Docker, Progress, _quiet
+from gpuprov_lab.errors import LabError
 
 # The Debian release of the machine's own apt sources (the archive URL is found from them) and the lab's
-# default host release; hosts may run other releases (provisioner.lab.distros).
+# default host release; hosts may run other releases (gpuprov_lab.distros).
 SUITE = "bookworm"
 SUITES = ("bookworm", "trixie")
 ROOTFS_PACKAGES = [

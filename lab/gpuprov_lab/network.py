@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from provisioner.lab.engine import Docker
-from provisioner.lab.plan import HostSpec
-from provisioner.lab.state import LabState
+from gpuprov_lab.engine import Docker
+from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.state import LabState
 
 
 def detach(st: LabState, h: HostSpec) -> None:

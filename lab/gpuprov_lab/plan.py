@@ -3,9 +3,9 @@ is touched).
 
 Hosts are ``cp1`` (the Kubernetes control plane, no GPU) and ``gpu1..gpuN-1``; workers take the
 profiles given, else the default order of docs/contracts.md, and the operating systems given
-(``--os``), else one of each containerd generation in turn (:mod:`provisioner.lab.distros`). The
+(``--os``), else one of each containerd generation in turn (:mod:`gpuprov_lab.distros`). The
 profiles themselves (GPU counts, the ``profile.json`` document the in-host emulation reads) come from
-:mod:`provisioner.lab.sim.profiles`.
+:mod:`gpuprov_lab.sim.profiles`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
-from provisioner.errors import InputError, LabError
-from provisioner.lab import distros
+from gpuprov_lab import distros
+from gpuprov_lab.errors import LabError
+from provisioner.errors import InputError
 
 CONTROL_PLANE = "cp1"
 NO_GPU = "cpu"  # the control plane's profile: a host without GPUs
@@ -55,10 +56,10 @@ class HostSpec:
 def sim_profiles() -> ModuleType:
     """The hardware emulation's profile module (part of the lab; absent means a broken checkout)."""
     try:
-        return importlib.import_module("provisioner.lab.sim.profiles")
+        return importlib.import_module("gpuprov_lab.sim.profiles")
     except ImportError as exc:
         raise LabError(
-            f"the lab's hardware profiles (provisioner.lab.sim.profiles) cannot be loaded: {exc}"
+            f"the lab's hardware profiles (gpuprov_lab.sim.profiles) cannot be loaded: {exc}"
         ) from exc
 
 
@@ -72,10 +73,10 @@ def profile_document(spec: HostSpec) -> dict[str, Any]:
     """profile.json for a host, as the in-host emulation reads it."""
     mod = sim_profiles()
     if spec.profile not in mod.PROFILES:
-        raise LabError(f"host {spec.name}: profile {spec.profile!r} is not in provisioner.lab.sim.profiles")
+        raise LabError(f"host {spec.name}: profile {spec.profile!r} is not in gpuprov_lab.sim.profiles")
     doc = mod.profile_document(spec.profile, spec.name)
     if not isinstance(doc, dict):
-        raise LabError(f"provisioner.lab.sim.profiles.profile_document({spec.profile!r}) gave no mapping")
+        raise LabError(f"gpuprov_lab.sim.profiles.profile_document({spec.profile!r}) gave no mapping")
     return doc
 
 
@@ -151,7 +152,7 @@ def plan(
         else:
             profile = DEFAULT_WORKER_PROFILES[(index - 1) % len(DEFAULT_WORKER_PROFILES)]
         if profile != NO_GPU and profile not in gpu_counts:
-            raise LabError(f"host {name}: profile {profile!r} is not in provisioner.lab.sim.profiles")
+            raise LabError(f"host {name}: profile {profile!r} is not in gpuprov_lab.sim.profiles")
         if index == 0:
             os_name = distros.CONTROL_PLANE_FLAVOUR
         elif oses is not None:

@@ -9,7 +9,7 @@ Two sources:
   default ``shared/vendor`` beside the project's checkout. Each kind has its own sub-directory
   (:data:`ARTIFACTS`) with a PROVENANCE.md saying where it came from and how to rebuild it.
 - Debian packages of any suite (containerd 1.6, 1.7 and 2.x, docker.io, runc, nvidia-smi), through
-  :mod:`provisioner.lab.debian`.
+  :mod:`gpuprov_lab.debian`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from provisioner.errors import LabError
-from provisioner.lab import debian, paths, proc
+from gpuprov_lab import debian, paths, proc
+from gpuprov_lab.errors import LabError
 
 ENV = "GPUPROV_VENDOR_DIR"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

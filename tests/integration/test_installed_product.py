@@ -1,0 +1,121 @@
+"""The product as a user installs it: a non-editable wheel of gpuprov alone, in a clean virtualenv outside
+the source tree, runs verify, check, snapshot, bootstrap (check mode) and upgrade-driver (dry run) against
+the session lab. The wheel carries the roles, playbooks and ansible.cfg; it has no `gpuprov lab` and
+cannot import the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gpuprov_lab.testkit import REPO, Lab
+
+pytestmark = pytest.mark.lab
+LAB_PHASE = "bootstrapped"  # see tests/conftest.py
+
+
+class Installed:
+    def __init__(self, venv: Path, home: Path) -> None:
+        self.venv = venv
+        self.home = home
+
+    def env(self) -> dict[str, str]:
+        # Nothing of the source tree or of the test venv leaks in: no PYTHONPATH, no roles path.
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "VIRTUAL_ENV"))}
+        path = os.pathsep.join([str(self.venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin"])
+        return {**keep, "PATH": path, "GPUPROV_HOME": str(self.home)}
+
+    def run(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.venv / "bin" / "gpuprov"), *args],
+            capture_output=True, text=True, timeout=timeout, cwd=self.home, env=self.env(), check=False,
+        )  # fmt: skip
+
+    def python(self, code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.venv / "bin" / "python"), "-c", code],
+            capture_output=True, text=True, cwd=self.home, env=self.env(), check=False,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, bootstrapped) -> Installed:
+    root = tmp_path_factory.mktemp("installed")
+    assert not root.resolve().is_relative_to(REPO)
+    wheels = root / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(REPO)], check=True, timeout=600)
+    (wheel,) = wheels.glob("gpuprov-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    vpip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*vpip, "install", str(wheel)], check=True, timeout=900)
+    home = root / "home"
+    home.mkdir()
+    return Installed(venv, home)
+
+
+def test_the_wheel_carries_the_ansible_content_and_no_lab(installed: Installed) -> None:
+    res = installed.python(
+        "import json, provisioner, provisioner.content as c\n"
+        "print(json.dumps([provisioner.__file__, str(c.ROLES_DIR), str(c.PLAYBOOKS_DIR), str(c.ANSIBLE_CFG)]))"
+    )
+    assert res.returncode == 0, res.stderr
+    module, roles, playbooks, cfg = (Path(p) for p in json.loads(res.stdout))
+    assert module.is_relative_to(installed.venv) and not module.is_relative_to(REPO)
+    for path in (roles, playbooks, cfg):
+        assert path.is_relative_to(installed.venv), path
+    assert (roles / "nvidia_driver" / "meta" / "argument_specs.yml").is_file()
+    assert (playbooks / "site.yml").is_file()
+    assert installed.python("import gpuprov_lab").returncode != 0
+    lab = installed.run("lab", "--help")
+    assert lab.returncode == 2 and "No such command 'lab'" in lab.stderr
+    assert installed.run("--version").stdout.strip().startswith("gpuprov ")
+
+
+def test_verify_check_and_snapshot_from_the_installed_wheel(installed: Installed, bootstrapped) -> None:
+    lab: Lab = bootstrapped.lab
+    res = installed.run("verify", "-i", str(lab.inventory), "--format", "json")
+    assert res.returncode in (0, 1), res.stderr
+    hosts = {h["host"]: h for h in json.loads(res.stdout)["hosts"]}
+    assert set(hosts) == set(lab.hosts)
+    assert all(not h.get("error") for h in hosts.values()), hosts
+
+    policy = REPO / "docs" / "examples" / "policy.yml"
+    res = installed.run("check", "-i", str(lab.inventory), "--policy", str(policy), "--format", "json")
+    assert res.returncode in (0, 1), res.stderr
+    assert json.loads(res.stdout)["hosts"]
+
+    out = installed.home / "bundle"
+    res = installed.run("snapshot", "-i", str(lab.inventory), "-o", str(out), "--limit", "gpu1")
+    assert res.returncode == 0, res.stderr
+    meta = json.loads((out / "gpu1" / "meta.json").read_text())
+    assert meta["collector"] == installed.run("--version").stdout.strip()
+
+
+def test_bootstrap_check_and_upgrade_dry_run_from_the_installed_wheel(
+    installed: Installed, bootstrapped
+) -> None:
+    lab: Lab = bootstrapped.lab
+    res = installed.run(
+        "bootstrap", "-i", str(lab.inventory), "--check", "--yes", "--limit", "gpu1",
+        "--only", "preflight,nvidia_driver", "--format", "json", timeout=1200,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    summary = json.loads(res.stdout)
+    assert [h["host"] for h in summary["hosts"]] == ["gpu1"]
+    assert summary["hosts"][0]["status"] == "done", summary
+    (record,) = (installed.home / "runs").glob("*-bootstrap*")
+    made_by = json.loads((record / "record.json").read_text())
+    assert (made_by["verb"], "gpuprov " + made_by["gpuprov_version"]) == (
+        "bootstrap", installed.run("--version").stdout.strip()
+    )
+
+    res = installed.run("upgrade-driver", "-i", str(lab.inventory), "--limit", "gpu1", "--dry-run")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "gpu1" in res.stdout and "target" in res.stdout, res.stdout
