@@ -4,6 +4,10 @@ Every executor answers `run(argv_or_script, timeout) -> CommandResult`. A string
 run by `sh -c`; a sequence is an argv, quoted by the executor. Connection problems become
 `HostUnreachable` with the reason (refused, timed out, host key unknown or changed, authentication
 failed), so a fleet run can report that host as `error` and carry on with the others.
+
+SSH reaches hosts the way `ansible-playbook` does through OpenSSH: ~/.ssh/config (parsed, never
+executed) and the inventory's ssh arguments, jump hosts included (ProxyJump, -J, and the
+`ssh -W %h:%p` ProxyCommand idiom, as direct-tcpip channels); `SshTarget.from_host` says how.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,7 +128,11 @@ class LocalExecutor:
 
 @dataclass(frozen=True)
 class SshTarget:
-    """What SshExecutor needs to reach a host; built from an inventory HostSpec."""
+    """What SshExecutor needs to reach a host; built from an inventory HostSpec and ssh_config.
+
+    `identity_files` are ssh_config's IdentityFile lines (tried after `private_key_file`); `jump` lists the
+    jump hosts (bastions) to go through, first hop first, each a target of its own.
+    """
 
     name: str
     address: str
@@ -137,23 +145,464 @@ class SshTarget:
     # on first contact; a known host whose key changed is refused.
     accept_new: bool = False
     password: str | None = None
+    identity_files: tuple[Path, ...] = ()
+    jump: tuple[SshTarget, ...] = ()
 
     @classmethod
     def from_host(cls, host: Any) -> SshTarget:
-        """Accept any object shaped like inventory.HostSpec (duck-typed to keep the import light)."""
-        key = getattr(host, "private_key_file", None)
-        known = getattr(host, "known_hosts_file", None)
-        return cls(
-            name=host.name,
-            address=getattr(host, "address", None) or host.name,
-            port=int(getattr(host, "port", None) or 22),
-            user=getattr(host, "user", None) or "root",
-            private_key_file=Path(key).expanduser() if key else None,
-            known_hosts_file=Path(known).expanduser() if known else None,
-            strict_host_key_checking=bool(getattr(host, "strict_host_key_checking", True)),
-            accept_new=bool(getattr(host, "accept_new_host_keys", False)),
-            password=getattr(host, "password", None),
+        """Accept any object shaped like inventory.HostSpec (duck-typed to keep the import light).
+
+        How a host is reached, as `ansible-playbook` (OpenSSH) would reach it:
+
+        - ssh_config (`~/.ssh/config`, or the file $GPUPROV_SSH_CONFIG names; `none`: no file) is matched
+          against ansible_host, or the inventory name when there is none: the name ssh is given. From it
+          come HostName, Port, User, IdentityFile, UserKnownHostsFile and ProxyJump / ProxyCommand.
+        - Inventory values win over ssh_config: ansible_port, ansible_user, ansible_ssh_private_key_file
+          (tried before IdentityFile), UserKnownHostsFile and ProxyJump / ProxyCommand / -J in
+          ansible_ssh_common_args / ansible_ssh_extra_args. Without either: port 22, user root.
+        - A jump host `[user@]host[:port]` gets its HostName, Port, User, IdentityFile (and, for the first
+          hop, its own ProxyJump) from ssh_config; its user defaults to the local user, as with ssh. It is
+          checked against the same known_hosts with the same policy as the host, and never gets its
+          password.
+        - ProxyCommand is taken only in the `ssh -W %h:%p [-q] [-p port] [-i key] [-l user] [user@]host`
+          form and turned into a jump; any other command is refused (InputError): gpuprov never runs a
+          command taken from the inventory or ssh_config (nor `Match exec`).
+
+        Host names, users and ports from either source are checked (InputError naming host and key).
+        """
+        return _target_from_host(cls, host)
+
+
+@dataclass(frozen=True)
+class JumpHop:
+    """One jump host as written (ProxyJump, -J, or the `ssh -W %h:%p` ProxyCommand form)."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+    key_file: Path | None = None
+
+
+SSH_CONFIG_ENV = "GPUPROV_SSH_CONFIG"
+MAX_JUMP_HOPS = 8
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}(%[A-Za-z0-9._-]{1,32})?")
+_USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9._@$+-]{0,63}")
+# ssh(1) options that take a value (everything else is a flag).
+_SSH_VALUE_FLAGS = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
+# What the `ssh -W %h:%p` ProxyCommand may carry besides -W, -p, -i, -l, -J, -o: harmless flags.
+_PROXY_SSH_FLAGS = frozenset("q46CNTnvx")
+_PROXY_COMMAND_FORM = "`ssh -W %h:%p [-q] [-p port] [-i key] [-l user] [user@]host`"
+
+
+def _shown(value: object) -> str:
+    text = str(value)
+    return repr(text if len(text) <= 120 else text[:120] + "...")
+
+
+def check_host_name(value: str, host: str, key: str) -> str:
+    """A host name or IP address: no whitespace, no leading '-', nothing a shell or ssh would read."""
+    if _HOST_NAME.fullmatch(value) or (value.count(":") >= 2 and _IPV6.fullmatch(value)):
+        return value
+    raise InputError(f"host {host}: {key}: {_shown(value)} is not a host name or IP address")
+
+
+def check_port(value: object, host: str, key: str) -> int:
+    """A TCP port, 1-65535, written as digits."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,5}", text) or not 1 <= int(text) <= 65535:
+        raise InputError(f"host {host}: {key}: {_shown(value)} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _check_user(value: str, host: str, key: str) -> str:
+    if not _USER_NAME.fullmatch(value):
+        raise InputError(f"host {host}: {key}: {_shown(value)} is not a user name")
+    return value
+
+
+def _parse_hop(text: str, host: str, source: str, with_port: bool = True) -> JumpHop:
+    """`[user@]host[:port]`, `[user@][v6addr]:port` or `ssh://[user@]host[:port]`."""
+    spec = text.strip()
+    if spec.startswith("ssh://"):
+        spec, with_port = spec[len("ssh://") :].rstrip("/"), True
+    user: str | None = None
+    if "@" in spec:
+        user, spec = spec.rsplit("@", 1)
+        _check_user(user, host, source)
+    port: int | None = None
+    bracketed = re.fullmatch(r"\[([^\]]*)\](?::(.*))?", spec)
+    if bracketed:
+        spec = bracketed.group(1)
+        if bracketed.group(2) is not None:
+            port = check_port(bracketed.group(2), host, source)
+    elif with_port and spec.count(":") == 1:
+        spec, port_text = spec.split(":")
+        port = check_port(port_text, host, source)
+    return JumpHop(check_host_name(spec, host, source), user, port)
+
+
+def parse_proxy_jump(value: str, host: str, source: str) -> tuple[JumpHop, ...]:
+    """ProxyJump / -J: one or several comma-separated `[user@]host[:port]` hops; `none` is no jump."""
+    if value.strip().lower() == "none":
+        return ()
+    hops = tuple(_parse_hop(part, host, source) for part in value.split(","))
+    if len(hops) > MAX_JUMP_HOPS:
+        raise InputError(f"host {host}: {source}: more than {MAX_JUMP_HOPS} jump hosts")
+    return hops
+
+
+def _split_option(option: str) -> tuple[str, str]:
+    """`Key=Value` or `Key Value` (one -o argument) as (lowercase key, value)."""
+    m = re.match(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+|$)(.*)", option, re.S)
+    return (m.group(1).lower(), m.group(2).strip()) if m else ("", "")
+
+
+def _getopt(words: list[str], i: int) -> tuple[list[tuple[str, str | None]], int]:
+    """The options of one ssh word at words[i] (`-q`, `-p22`, `-qW %h:%p`): [(letter, value)], next i."""
+    word, i, found = words[i], i + 1, []
+    j = 1
+    while j < len(word):
+        letter, j = word[j], j + 1
+        if letter not in _SSH_VALUE_FLAGS:
+            found.append((letter, None))
+            continue
+        if j < len(word):
+            found.append((letter, word[j:]))
+        elif i < len(words):
+            found.append((letter, words[i]))
+            i += 1
+        else:
+            found.append((letter, None))
+        break
+    return found, i
+
+
+def parse_proxy_command(
+    command: str | None, host: str, source: str, expanded: tuple[str, str] | None = None
+) -> tuple[JumpHop, ...]:
+    """The `ssh -W %h:%p ... [user@]jumphost` ProxyCommand as jump hops; anything else is refused.
+
+    `expanded` is (hostname, port) when ssh_config already replaced %h and %p (paramiko does)."""
+
+    def refuse(why: str) -> InputError:
+        return InputError(
+            f"host {host}: {source}: ProxyCommand {_shown(command)} refused ({why}): gpuprov never runs a "
+            f"command taken from the inventory or ssh_config; use ProxyJump, -J or {_PROXY_COMMAND_FORM}"
         )
+
+    if command is None or command.strip().lower() == "none":
+        return ()
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise refuse(f"cannot be split into words: {exc}") from exc
+    if not words or os.path.basename(words[0]) != "ssh":
+        raise refuse("not an ssh -W command")
+    forward = dest = user = port = key = None
+    before: tuple[JumpHop, ...] = ()
+    i = 1
+    while i < len(words):
+        if not (words[i].startswith("-") and len(words[i]) > 1):
+            if dest is not None:
+                raise refuse(f"{_shown(words[i])} after the jump host")
+            dest, i = words[i], i + 1
+            continue
+        options, i = _getopt(words, i)
+        for letter, value in options:
+            if letter in _PROXY_SSH_FLAGS:
+                continue
+            if letter not in "WpilJo":
+                raise refuse(f"option -{letter}")
+            if value is None:
+                raise refuse(f"-{letter} without a value")
+            if letter == "W":
+                forward = value
+            elif letter == "p":
+                port = check_port(value, host, f"{source} (ProxyCommand -p)")
+            elif letter == "i":
+                key = Path(value).expanduser()
+            elif letter == "l":
+                user = _check_user(value, host, f"{source} (ProxyCommand -l)")
+            elif letter == "J":
+                before = parse_proxy_jump(value, host, f"{source} (ProxyCommand -J)")
+            else:
+                opt, opt_value = _split_option(value)
+                if opt == "proxyjump":
+                    before = parse_proxy_jump(opt_value, host, f"{source} (ProxyCommand -o ProxyJump)")
+                elif opt == "proxycommand":
+                    raise refuse("a ProxyCommand inside the ProxyCommand")
+    allowed = {"%h:%p", "[%h]:%p"}
+    if expanded is not None:
+        allowed |= {f"{expanded[0]}:{expanded[1]}", f"[{expanded[0]}]:{expanded[1]}"}
+    if forward not in allowed:
+        raise refuse("it must forward with -W %h:%p" if forward is None else f"-W {_shown(forward)}")
+    if dest is None:
+        raise refuse("no jump host")
+    hop = _parse_hop(dest, host, f"{source} (ProxyCommand)", with_port=False)
+    # As with ssh: -l wins over user@, -p is the only way to give a port outside an ssh:// URI.
+    return (*before, JumpHop(hop.host, user or hop.user, port or hop.port, key))
+
+
+def parse_ssh_args(args: str, host: str, variable: str) -> tuple[JumpHop, ...] | None:
+    """The jump hosts that ssh arguments (ansible_ssh_common_args, ...) ask for: `-J`, `-o ProxyJump=`,
+    or `-o ProxyCommand=` in the `ssh -W %h:%p` form. None when they name no proxy at all; () for `none`.
+    As with ssh, the first proxy option wins; other options are ignored."""
+    try:
+        words = shlex.split(args)
+    except ValueError as exc:
+        raise InputError(f"host {host}: {variable}: cannot be split into words: {exc}") from exc
+    i = 0
+    while i < len(words):
+        if words[i] == "--":
+            break
+        if not (words[i].startswith("-") and len(words[i]) > 1):
+            i += 1
+            continue
+        options, i = _getopt(words, i)
+        for letter, value in options:
+            if value is None:
+                continue
+            if letter == "J":
+                return parse_proxy_jump(value, host, f"{variable} (-J)")
+            if letter == "o":
+                opt, opt_value = _split_option(value)
+                if opt == "proxyjump":
+                    return parse_proxy_jump(opt_value, host, f"{variable} (ProxyJump)")
+                if opt == "proxycommand":
+                    return parse_proxy_command(opt_value, host, variable)
+    return None
+
+
+class SshConfig:
+    """A parsed ssh_config file (paramiko parses it; gpuprov applies the options it supports).
+
+    `Include` is followed (relative paths from ~/.ssh); `Match exec` is refused, since it runs a command."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        import paramiko
+
+        self.path = path
+        try:
+            self._parsed = paramiko.SSHConfig.from_text(self._expand(path, text, 0))
+        except (paramiko.ssh_exception.ConfigParseError, ValueError) as exc:
+            raise InputError(f"{path}: cannot parse ssh config: {exc}") from exc
+
+    def _expand(self, path: Path, text: str, depth: int) -> str:
+        """The text with its Include lines replaced by the files they name."""
+        if depth > 8:
+            raise InputError(f"{self.path}: ssh config Include nested more than 8 deep (at {path})")
+        lines = text.splitlines()
+        out: list[str] = []
+        block = "Host *"
+        for n, line in enumerate(lines, 1):
+            m = re.match(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)", line)
+            keyword, value = (m.group(1).lower(), m.group(2).strip()) if m else ("", "")
+            if keyword in ("host", "match"):
+                block = line
+            if keyword == "match":
+                try:
+                    criteria = [w.lstrip("!").lower() for w in shlex.split(value)]
+                except ValueError:
+                    criteria = []
+                if "exec" in criteria:
+                    raise InputError(
+                        f"{path}: line {n}: 'Match exec' would run a command, which gpuprov does not do; "
+                        f"point {SSH_CONFIG_ENV} at an ssh config without it (or 'none')"
+                    )
+            if keyword == "include":
+                for pattern in value.split():
+                    full = Path(pattern).expanduser()
+                    if not full.is_absolute():
+                        full = Path("~/.ssh").expanduser() / full
+                    for found in sorted(full.parent.glob(full.name)):
+                        out.append(self._expand(found, _read_config(found), depth + 1))
+                out.append(block)  # back in the block the Include was in
+                continue
+            out.append(line)
+        return "\n".join(out)
+
+    def lookup(self, name: str) -> dict[str, Any]:
+        """The options for `name` (lowercase keys), as paramiko's first-match-wins lookup gives them."""
+        try:
+            return dict(self._parsed.lookup(name))
+        except Exception as exc:  # paramiko's own errors for odd values (canonicalisation, Match)
+            raise InputError(f"{self.path}: cannot apply ssh config to {name}: {exc}") from exc
+
+
+def _read_config(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ssh config: {exc}") from exc
+
+
+_CONFIGS_LOCK = threading.Lock()
+_CONFIGS: dict[Path, tuple[str, SshConfig]] = {}
+
+
+def load_ssh_config() -> SshConfig | None:
+    """The ssh_config in force: $GPUPROV_SSH_CONFIG (`none`: no file), else ~/.ssh/config; None when
+    there is none. Parsed once, and again when the file's text changes (its Includes are not watched)."""
+    chosen = os.environ.get(SSH_CONFIG_ENV) or "~/.ssh/config"
+    if chosen.strip().lower() == "none":
+        return None
+    path = Path(chosen).expanduser()
+    if not path.exists():
+        return None
+    text = _read_config(path)
+    with _CONFIGS_LOCK:
+        cached = _CONFIGS.get(path)
+        if cached is None or cached[0] != text:
+            cached = (text, SshConfig(path, text))
+            _CONFIGS[path] = cached
+        return cached[1]
+
+
+def _known_hosts_from(opts: dict[str, Any]) -> Path | None:
+    files = str(opts.get("userknownhostsfile") or "").split()
+    return Path(files[0]).expanduser() if files and files[0] != "/dev/null" else None
+
+
+def _config_proxy(config: SshConfig, opts: dict[str, Any], host: str, for_name: str) -> tuple[JumpHop, ...]:
+    """ProxyJump (preferred) or ProxyCommand of one ssh_config lookup."""
+    if opts.get("proxyjump"):
+        return parse_proxy_jump(str(opts["proxyjump"]), host, f"ProxyJump for {for_name} in {config.path}")
+    if "proxycommand" in opts:
+        expanded = (str(opts.get("hostname", for_name)), str(opts.get("port", 22)))
+        source = f"ProxyCommand for {for_name} in {config.path}"
+        return parse_proxy_command(opts["proxycommand"], host, source, expanded)
+    return ()
+
+
+def _render_ssh_args(raw: Any, hostvars: dict[str, Any], host: str, variable: str) -> str:
+    """The variable as Ansible would pass it; templated only when it is a template naming a proxy."""
+    text = str(raw)
+    if not (("{{" in text or "{%" in text) and ("proxy" in text.lower() or "-J" in text)):
+        return text
+    try:
+        from ansible.errors import AnsibleError
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.template import Templar
+    except ImportError as exc:
+        raise InputError(
+            f"host {host}: {variable}: a template, and ansible is not there to render it"
+        ) from exc
+    try:
+        return str(Templar(loader=DataLoader(), variables=hostvars).template(raw))
+    except AnsibleError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"host {host}: {variable}: {first}") from exc
+
+
+def _resolve_jumps(
+    hops: tuple[JumpHop, ...], base: SshTarget, config: SshConfig | None, seen: tuple[str, ...]
+) -> tuple[SshTarget, ...]:
+    """SshTargets for the hops, with ssh_config applied; the first hop's own ProxyJump comes first."""
+    import getpass
+
+    out: list[SshTarget] = []
+    for n, hop in enumerate(hops):
+        opts = config.lookup(hop.host) if config is not None else {}
+        where = f"for jump host {hop.host} in {config.path}" if config is not None else ""
+        address = str(opts.get("hostname") or hop.host)
+        if address != hop.host:
+            check_host_name(address, base.name, f"HostName {where}")
+        port = hop.port or (check_port(opts["port"], base.name, f"Port {where}") if "port" in opts else 22)
+        user = hop.user or (
+            _check_user(str(opts["user"]), base.name, f"User {where}") if "user" in opts else ""
+        )
+        if not user:
+            try:
+                user = getpass.getuser()  # ssh's default: the local user
+            except (KeyError, OSError):
+                user = "root"
+        hop_target = SshTarget(
+            name=hop.host,
+            address=address,
+            port=port,
+            user=user,
+            private_key_file=hop.key_file,
+            known_hosts_file=_known_hosts_from(opts) or base.known_hosts_file,
+            strict_host_key_checking=base.strict_host_key_checking,
+            accept_new=base.accept_new,
+            identity_files=tuple(Path(p).expanduser() for p in opts.get("identityfile") or ()),
+        )
+        if n == 0 and config is not None:
+            # Only the first hop is reached by its own ssh_config route; later hops go through the earlier.
+            if hop.host in seen or len(seen) > MAX_JUMP_HOPS:
+                chain = " -> ".join((*seen, hop.host))
+                raise InputError(
+                    f"host {base.name}: jump hosts loop or nest too deep ({chain}) in {config.path}"
+                )
+            upstream = _config_proxy(config, opts, base.name, f"jump host {hop.host}")
+            out += _resolve_jumps(upstream, base, config, (*seen, hop.host))
+        out.append(hop_target)
+    if len(out) > MAX_JUMP_HOPS:
+        raise InputError(f"host {base.name}: more than {MAX_JUMP_HOPS} jump hosts")
+    return tuple(out)
+
+
+def _target_from_host(cls: type[SshTarget], host: Any) -> SshTarget:
+    name = str(host.name)
+    hostvars = getattr(host, "vars", None)
+    hostvars = hostvars if isinstance(hostvars, dict) else {}
+
+    def from_inventory(attr: str, keys: tuple[str, ...], default: object) -> Any:
+        """The inventory's value when it set one (a variable, or an attribute off the default)."""
+        value = getattr(host, attr, None)
+        if any(k in hostvars for k in keys):
+            return value
+        return None if value in (None, "", default) else value
+
+    address = from_inventory("address", ("ansible_host",), name)
+    port = from_inventory("port", ("ansible_port", "ansible_ssh_port"), 22)
+    user = from_inventory("user", ("ansible_user", "ansible_ssh_user"), "root")
+    key = getattr(host, "private_key_file", None)
+    known = getattr(host, "known_hosts_file", None)
+
+    destination = str(address or name)  # what Ansible hands ssh, and what ssh_config is matched against
+    config = load_ssh_config()
+    opts = config.lookup(destination) if config is not None else {}
+    where = f"in {config.path}" if config is not None else ""
+    if opts.get("hostname") and opts["hostname"] != destination:
+        final_address = check_host_name(str(opts["hostname"]), name, f"HostName {where}")
+    else:
+        final_address = check_host_name(destination, name, "ansible_host" if address else "inventory name")
+    if port is not None:
+        port_value = check_port(port, name, "ansible_port")
+    else:
+        port_value = check_port(opts["port"], name, f"Port {where}") if "port" in opts else 22
+    if user is not None:
+        user_value = _check_user(str(user), name, "ansible_user")
+    else:
+        user_value = _check_user(str(opts["user"]), name, f"User {where}") if "user" in opts else "root"
+
+    hops: tuple[JumpHop, ...] | None = None
+    for variable in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        raw = hostvars.get(variable)
+        if raw:
+            hops = parse_ssh_args(_render_ssh_args(raw, hostvars, name, variable), name, variable)
+            if hops is not None:
+                break
+    if hops is None and config is not None:
+        hops = _config_proxy(config, opts, name, destination)
+
+    target = cls(
+        name=name,
+        address=final_address,
+        port=port_value,
+        user=user_value,
+        private_key_file=Path(key).expanduser() if key else None,
+        known_hosts_file=Path(known).expanduser() if known else _known_hosts_from(opts),
+        strict_host_key_checking=bool(getattr(host, "strict_host_key_checking", True)),
+        accept_new=bool(getattr(host, "accept_new_host_keys", False)),
+        password=getattr(host, "password", None),
+        identity_files=tuple(Path(p).expanduser() for p in opts.get("identityfile") or ()),
+    )
+    if not hops:
+        return target
+    return replace(target, jump=_resolve_jumps(hops, target, config, (destination,)))
 
 
 class _KeyCache:
@@ -240,6 +689,7 @@ class SshExecutor:
         self.connect_timeout = connect_timeout
         self._keys = keys
         self._transport: paramiko.Transport | None = None
+        self._jumps: list[paramiko.Transport] = []  # transports to the jump hosts, first hop first
 
     # -- connection
 
@@ -317,12 +767,14 @@ class SshExecutor:
         user = self.target.user
         tried: list[str] = []
         candidates: list[tuple[str, Any]] = []
-        if self.target.private_key_file is not None:
-            candidates.append((str(self.target.private_key_file), self.target.private_key_file))
+        files = [self.target.private_key_file] if self.target.private_key_file is not None else []
+        # ssh_config's IdentityFile lines come after the inventory's key, as ssh tries -i first.
+        files += [f for f in self.target.identity_files if f not in files]
+        candidates += [(str(f), f) for f in files]
         if agent is not None:
             with contextlib.suppress(paramiko.SSHException):
                 candidates += [(f"agent:{k.get_name()}", k) for k in agent.get_keys()]
-        if self.target.private_key_file is None:
+        if not files:
             for ident in _DEFAULT_IDENTITIES:
                 path = Path("~/.ssh").expanduser() / ident
                 if path.exists():
@@ -354,15 +806,10 @@ class SshExecutor:
             + (f" (tried {', '.join(tried)})" if tried else " (no key, agent or password to try)"),
         )
 
-    def connect(self) -> paramiko.Transport:
-        """Open (once) and return the authenticated transport; every failure is HostUnreachable."""
-        import paramiko
-
-        if self._transport is not None and self._transport.is_active():
-            return self._transport
+    def _tcp(self) -> socket.socket:
         t = self.target
         try:
-            sock = socket.create_connection((t.address, t.port), timeout=self.connect_timeout)
+            return socket.create_connection((t.address, t.port), timeout=self.connect_timeout)
         except socket.gaierror as exc:
             raise HostUnreachable(self.name, f"cannot resolve {t.address}: {exc.strerror}") from exc
         except ConnectionRefusedError as exc:
@@ -375,6 +822,13 @@ class SshExecutor:
             raise HostUnreachable(
                 self.name, f"cannot connect to {t.address}:{t.port}: {exc.strerror or exc}"
             ) from exc
+
+    def _handshake(self, sock: Any) -> paramiko.Transport:
+        """SSH over a connected stream (a socket, or a channel through a jump host): host key checked,
+        then authenticated. The same for a host and for each of its jump hosts."""
+        import paramiko
+
+        t = self.target
         transport = paramiko.Transport(sock)
         try:
             name, recorded, where = self._recorded_keys()
@@ -392,8 +846,56 @@ class SshExecutor:
             raise HostUnreachable(
                 self.name, f"SSH handshake with {t.address}:{t.port} failed: {exc or type(exc).__name__}"
             ) from exc
-        self._transport = transport
         return transport
+
+    def _forward(self, through: paramiko.Transport, hop: SshTarget, address: str, port: int) -> Any:
+        """A direct-tcpip channel from jump host `hop` to address:port (what `ssh -W` / ProxyJump does)."""
+        import paramiko
+
+        try:
+            return through.open_channel(
+                "direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=self.connect_timeout
+            )
+        except paramiko.ChannelException as exc:
+            raise HostUnreachable(
+                self.name, f"via jump host {hop.name}: cannot reach {address}:{port} from there: {exc.text}"
+            ) from exc
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(
+                self.name,
+                f"via jump host {hop.name}: no channel to {address}:{port}: {exc or type(exc).__name__}",
+            ) from exc
+
+    def _dial(self) -> Any:
+        """A stream to the host: a TCP connection, or a channel through its jump hosts (each hop reached
+        through the one before, checked and authenticated like any host)."""
+        t = self.target
+        if not t.jump:
+            return self._tcp()
+        through: paramiko.Transport | None = None
+        for i, hop in enumerate(t.jump):
+            hop_ex = SshExecutor(hop, self.connect_timeout, self._keys, self.max_output)
+            # The channel from the previous hop names that hop when it fails; the rest names this one.
+            stream = None if through is None else self._forward(through, t.jump[i - 1], hop.address, hop.port)
+            try:
+                through = hop_ex._handshake(hop_ex._tcp() if stream is None else stream)
+            except HostUnreachable as exc:
+                raise HostUnreachable(self.name, f"via jump host {hop.name}: {exc.reason}") from exc
+            self._jumps.append(through)
+        assert through is not None  # t.jump is not empty
+        return self._forward(through, t.jump[-1], t.address, t.port)
+
+    def connect(self) -> paramiko.Transport:
+        """Open (once) and return the authenticated transport; every failure is HostUnreachable."""
+        if self._transport is not None and self._transport.is_active():
+            return self._transport
+        self.close()  # a dropped connection: its jump hosts go too
+        try:
+            self._transport = self._handshake(self._dial())
+        except BaseException:
+            self._close_jumps()
+            raise
+        return self._transport
 
     # -- commands
 
@@ -458,10 +960,15 @@ class SshExecutor:
             chan.close()
         return CommandResult(rc, _decode(bytes(out)), _decode(bytes(err)), time.monotonic() - start)
 
+    def _close_jumps(self) -> None:
+        while self._jumps:
+            self._jumps.pop().close()  # last hop first: each runs over the one before
+
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        self._close_jumps()
 
 
 # ----------------------------------------------------------------------------------------- snapshot
