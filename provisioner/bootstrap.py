@@ -16,7 +16,7 @@ from typing import Any
 
 from provisioner import records
 from provisioner.config import validate_inventory_settings
-from provisioner.content import PLAYBOOKS_DIR, ROLES_DIR
+from provisioner.content import PLAYBOOKS_DIR, role_default
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from provisioner.hosttext import safe_text
 from provisioner.stages import STAGE_NAMES, STAGES, VERIFY, select_stages
@@ -121,26 +121,11 @@ class HostOutcome:
         return out
 
 
-def _literal_default(role: str, knob: str) -> Any:
-    """A role default when it is a plain value (not a template), for verification expectations."""
-    import yaml
-
-    path = ROLES_DIR / role / "defaults" / "main.yml"
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
-    value = doc.get(knob)
-    if isinstance(value, str) and "{{" in value:
-        return None
-    return value
-
-
 def _effective(host_vars: dict[str, Any], role: str, knob: str) -> Any:
     value = host_vars.get(knob)
     if isinstance(value, str) and "{{" in value:
         return None
-    return value if value is not None else _literal_default(role, knob)
+    return value if value is not None else role_default(role, knob)
 
 
 def expectations_for(host: Any, stages: list[str]) -> dict[str, Any]:

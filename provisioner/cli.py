@@ -300,9 +300,10 @@ def upgrade_driver(
     ] = None,
 ) -> int:
     """Roll a driver upgrade across GPU hosts: cordon, drain, upgrade, reload, verify, uncordon."""
-    from provisioner.upgrade import run_upgrade
+    from provisioner.upgrade.render import Progress, show
+    from provisioner.upgrade.verb import run_upgrade
 
-    return run_upgrade(
+    result = run_upgrade(
         inventory=inventory,
         to=to,
         batch=batch,
@@ -313,10 +314,16 @@ def upgrade_driver(
         reboot_allowed=reboot_allowed or None,
         resume=resume,
         dry_run=dry_run,
-        output_format=output_format.value,
         limit=limit,
         drain_timeout=drain_timeout,
+        progress=Progress(),
+        confirm=_confirm,
     )
+    return show(result, output_format.value)
+
+
+def _confirm(question: str) -> bool:
+    return bool(typer.confirm(question, default=False))
 
 
 def main() -> None:

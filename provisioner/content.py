@@ -8,6 +8,7 @@ install or a source checkout runs the top-level roles/ and playbooks/ directly.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 _PACKAGED = Path(__file__).resolve().parent / "content"
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
@@ -16,3 +17,16 @@ CONTENT_ROOT = _PACKAGED if (_PACKAGED / "roles").is_dir() else _SOURCE_TREE
 ROLES_DIR = CONTENT_ROOT / "roles"
 PLAYBOOKS_DIR = CONTENT_ROOT / "playbooks"
 ANSIBLE_CFG = CONTENT_ROOT / "ansible.cfg"
+
+
+def role_default(role: str, knob: str) -> Any:
+    """A role's default for `knob` when it is a plain value; None when unset or a Jinja template (its
+    value depends on the host, so only Ansible can tell)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((ROLES_DIR / role / "defaults" / "main.yml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    value = doc.get(knob)
+    return None if isinstance(value, str) and "{{" in value else value

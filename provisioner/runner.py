@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from provisioner.errors import GpuprovError
 from provisioner.stages import STAGE_NAMES
 
 # A task whose name starts with this, when it runs (not skipped), marks the host "reboot pending".
-REBOOT_PENDING_MARK = "REBOOT PENDING"
 REBOOT_PENDING_FACT = "nvidia_driver_reboot_pending"
+# Facts the playbooks set to report progress (playbooks/upgrade_driver.yml), passed on with the event.
+PROGRESS_FACTS = frozenset({"gpuprov_upgrade_step", "gpuprov_upgrade_note", REBOOT_PENDING_FACT})
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Event:
     task: str | None
     changed: bool = False
     message: str = ""
+    facts: Mapping[str, Any] = field(default_factory=dict)  # the PROGRESS_FACTS the task set
 
 
 @dataclass(frozen=True)
@@ -160,11 +162,15 @@ class _EventSink:
             self.result.failures.append(
                 Failure(host, stage, task, message, unreachable=outcome == "unreachable")
             )
+        facts: dict[str, Any] = {}
         if kind == "runner_on_ok":
-            facts = res.get("ansible_facts") or {}
-            if (task or "").startswith(REBOOT_PENDING_MARK) or facts.get(REBOOT_PENDING_FACT) is True:
+            # Progress travels as facts the playbooks set (never as task names); only gpuprov's own are
+            # kept, as a fact-gathering result holds hundreds.
+            got = res.get("ansible_facts") or {}
+            facts = {k: v for k, v in got.items() if k in PROGRESS_FACTS}
+            if got.get(REBOOT_PENDING_FACT) is True or str(got.get(REBOOT_PENDING_FACT)).lower() == "true":
                 self.result.reboot_pending.add(host)
-        self._emit(Event(kind, host, stage, task, changed, message))
+        self._emit(Event(kind, host, stage, task, changed, message, facts))
 
     def _stats(self, data: dict[str, Any]) -> None:
         keys = {

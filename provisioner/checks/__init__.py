@@ -28,7 +28,7 @@ from provisioner.checks.model import (
     worst,
 )
 from provisioner.errors import InputError
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 
 # Report order: the contract's table order.
 CHECK_IDS: tuple[str, ...] = (

@@ -6,7 +6,7 @@ from typing import Any
 
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 from provisioner.probes import parse_dcgm_diag, parse_json_object, parse_smoke
 
 KUBE = "kube-node.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 
 SMI = "nvidia-smi-q.xml"
 PROC = "proc-driver-nvidia-version"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 from provisioner.probes import SmiGpu
 
 SMI = "nvidia-smi-q.xml"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from provisioner.checks.facts import HostFacts
-    from provisioner.policy import Expectations
+    from provisioner.expectations import Expectations
 
 PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
 STATUSES: tuple[str, ...] = (PASS, WARN, FAIL, SKIP, ERROR)

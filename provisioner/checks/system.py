@@ -6,7 +6,7 @@ import fnmatch
 
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 
 
 @check("os.supported", probes=("os-release",), severity="high", summary="OS and version in the supported set")

@@ -7,8 +7,8 @@ role, the same code bootstrap runs).
   they mean in `gpuprov verify`.
 - kubectl runs on the control plane with /etc/kubernetes/admin.conf, as an administrator would; any
   failure becomes StepFailed with kubectl's own first line of error.
-- One ansible-runner run per batch (the batch's hosts as --limit): the playbook marks each step with a
-  task named "UPGRADE STEP <step>", which becomes the host's step in the state file as it happens.
+- One ansible-runner run per batch (the batch's hosts as --limit): the playbook sets the fact
+  gpuprov_upgrade_step as each step starts, which becomes the host's step in the state file as it happens.
 """
 
 from __future__ import annotations
@@ -31,14 +31,16 @@ from provisioner.checks.model import Unavailable
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import GpuprovError
 from provisioner.executors import CommandResult, CommandTimeout, ExecutorError, SshExecutor, SshTarget
+from provisioner.expectations import Expectations
 from provisioner.hosttext import short_safe_text
-from provisioner.policy import Expectations
-from provisioner.upgrade import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
-from provisioner.upgrade_plan import HostProbe, Target, valid_node_name
+from provisioner.upgrade.model import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
+from provisioner.upgrade.plan import DriverTarget, HostProbe, valid_node_name
 
 PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
-STEP_MARK = "UPGRADE STEP "
-NOTE_MARK = "UPGRADE NOTE "
+# The playbook reports its progress through these facts (a step name, a reboot's reason).
+STEP_FACT = "gpuprov_upgrade_step"
+NOTE_FACT = "gpuprov_upgrade_note"
+STEPS = ("stopping", "installing", "reloading", "rebooting")
 KUBECONFIG = "/etc/kubernetes/admin.conf"
 EVICT_LABEL = "gpuprov.io/evict-for-driver-upgrade"  # marks the GPU pods `--no-drain` evicts
 # What the probe reads: the loaded driver, the GPUs on the bus and seen by the driver, the kernel log.
@@ -394,7 +396,7 @@ class RealFleet:
 
     # -- the driver change
 
-    def extravars(self, target: Target, reboot_allowed: bool) -> dict[str, Any]:
+    def extravars(self, target: DriverTarget, reboot_allowed: bool) -> dict[str, Any]:
         """Run-scoped values for the playbook: the target, and who reloads or reboots."""
         return {
             "nvidia_driver_branch": self.install_version.split(".", 1)[0],
@@ -408,7 +410,7 @@ class RealFleet:
     def upgrade(
         self,
         hosts: Sequence[str],
-        target: Target,
+        target: DriverTarget,
         *,
         reboot_allowed: bool,
         on_step: Callable[[str, str], None],
@@ -425,16 +427,16 @@ class RealFleet:
         rebooted: set[str] = set()
 
         def on_event(ev: Event) -> None:
-            if ev.host is None or ev.kind != "runner_on_ok" or not ev.task:
+            if ev.host is None or ev.kind != "runner_on_ok":
                 return
-            if ev.task.startswith(STEP_MARK):
-                step = ev.task[len(STEP_MARK) :].strip()
+            step = ev.facts.get(STEP_FACT)
+            if isinstance(step, str) and step in STEPS:
                 if step == "rebooting":
                     rebooted.add(ev.host)
                 on_step(ev.host, step)
-            elif ev.task.startswith(NOTE_MARK):
-                key = ev.task[len(NOTE_MARK) :].strip()
-                notes[ev.host] = NOTES.get(key, key)
+            note = ev.facts.get(NOTE_FACT)
+            if isinstance(note, str) and note in NOTES:
+                notes[ev.host] = NOTES[note]
 
         result = run_playbook(
             PLAYBOOK,

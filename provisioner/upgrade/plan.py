@@ -24,7 +24,7 @@ _BATCH = re.compile(r"(?P<n>\d+)(?P<pct>%?)")
 
 
 @dataclass(frozen=True)
-class Target:
+class DriverTarget:
     """The driver to upgrade to: a branch ("580": any 580.x will do) or a version ("580.159.04")."""
 
     text: str
@@ -48,13 +48,13 @@ class Target:
         return self.text
 
 
-def parse_target(text: str | None) -> Target:
+def parse_target(text: str | None) -> DriverTarget:
     """`--to`: a three-digit branch, optionally with minor and patch ("580", "580.159", "580.159.04")."""
     if text is None or not text.strip():
         raise InputError("--to is required: the driver branch (580) or version (580.159.04) to upgrade to")
     value = text.strip()
     if _TARGET.fullmatch(value):
-        return Target(value)
+        return DriverTarget(value)
     hint = ""
     if re.fullmatch(r"\d{3}(\.\d+){1,2}-\S+", value):
         hint = f" (give the driver version without the package revision: {value.split('-', 1)[0]})"
@@ -181,7 +181,7 @@ def valid_node_name(name: str) -> bool:
     return 0 < len(name) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in name.split("."))
 
 
-def judge(before: HostProbe, after: HostProbe, target: Target) -> list[str]:
+def judge(before: HostProbe, after: HostProbe, target: DriverTarget) -> list[str]:
     """Why the upgraded host is not right (empty: it is): driver loaded and answering, at the target,
     as many GPUs seen by the driver as before, and no Xid that was not in the kernel log before."""
     if after.error:
@@ -229,7 +229,7 @@ class HostPlan:
 
 @dataclass
 class Plan:
-    target: Target
+    target: DriverTarget
     canary: list[str] = field(default_factory=list)
     batches: list[list[str]] = field(default_factory=list)  # after the canary batch
     hosts: dict[str, HostPlan] = field(default_factory=dict)  # every selected GPU host, inventory order
@@ -266,7 +266,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Plan:
-        plan = cls(target=Target(str(doc["target"])))
+        plan = cls(target=DriverTarget(str(doc["target"])))
         plan.canary = list(doc.get("canary") or [])
         plan.batches = [list(b) for b in doc.get("batches") or []]
         for h, p in (doc.get("hosts") or {}).items():
@@ -284,7 +284,7 @@ class Plan:
 def build_plan(
     hosts: Sequence[str],
     probes: Mapping[str, HostProbe],
-    target: Target,
+    target: DriverTarget,
     batch: BatchSize,
     canary: int = 0,
     kube: bool = False,

@@ -16,7 +16,7 @@ import verify_fixtures as vf
 
 from provisioner import probes as P
 from provisioner.checks import CHECK_IDS, HostFacts, evaluate
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 
 REAL = vf.h200_probes()
 NAMES = sorted(REAL)

@@ -26,7 +26,8 @@ class Installed:
 
     def env(self) -> dict[str, str]:
         # Nothing of the source tree or of the test venv leaks in: no PYTHONPATH, no roles path.
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "VIRTUAL_ENV"))}
+        leaks = ("ANSIBLE_", "PYTHON", "VIRTUAL_ENV")
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(leaks)}
         path = os.pathsep.join([str(self.venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin"])
         return {**keep, "PATH": path, "GPUPROV_HOME": str(self.home)}
 
@@ -63,7 +64,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory, bootstrapped) -> Install
 def test_the_wheel_carries_the_ansible_content_and_no_lab(installed: Installed) -> None:
     res = installed.python(
         "import json, provisioner, provisioner.content as c\n"
-        "print(json.dumps([provisioner.__file__, str(c.ROLES_DIR), str(c.PLAYBOOKS_DIR), str(c.ANSIBLE_CFG)]))"
+        "paths = [provisioner.__file__, c.ROLES_DIR, c.PLAYBOOKS_DIR, c.ANSIBLE_CFG]\n"
+        "print(json.dumps([str(p) for p in paths]))"
     )
     assert res.returncode == 0, res.stderr
     module, roles, playbooks, cfg = (Path(p) for p in json.loads(res.stdout))
@@ -113,7 +115,8 @@ def test_bootstrap_check_and_upgrade_dry_run_from_the_installed_wheel(
     (record,) = (installed.home / "runs").glob("*-bootstrap*")
     made_by = json.loads((record / "record.json").read_text())
     assert (made_by["verb"], "gpuprov " + made_by["gpuprov_version"]) == (
-        "bootstrap", installed.run("--version").stdout.strip()
+        "bootstrap",
+        installed.run("--version").stdout.strip(),
     )
 
     res = installed.run("upgrade-driver", "-i", str(lab.inventory), "--limit", "gpu1", "--dry-run")

@@ -184,7 +184,8 @@ def test_progress_lines_and_summary_tables_show_host_words_escaped(
     """Failure reasons quote hosts and kubectl (Ansible messages, stderr lines): as text, escaped."""
     import io
 
-    from provisioner import bootstrap, upgrade
+    from provisioner import bootstrap
+    from provisioner.upgrade import render as upgrade
 
     hostile = "dpkg error\x1b]0;owned\x07\x1b[2J [/bold]"
     out = io.StringIO()
@@ -193,7 +194,7 @@ def test_progress_lines_and_summary_tables_show_host_words_escaped(
     assert "\x1b" not in out.getvalue() and out.getvalue().count("\\x1b]0;owned\\x07") == 2
     row = {"host": "gpu1", "from": "570", "to": "580", "result": "failed", "duration_s": 1.0}
     row["reason"] = hostile
-    upgrade._render(
+    upgrade.render_summary(
         {"target": "580", "hosts": [row], "totals": {"failed": 1}, "status": "finished", "record": "r",
          "resumable": False, "stop_reason": ""}, "table",
     )  # fmt: skip

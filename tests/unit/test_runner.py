@@ -23,10 +23,14 @@ PLAYBOOK = """
     - name: Change something
       ansible.builtin.command: "true"
       changed_when: true
-    - name: REBOOT PENDING - the new driver needs a reboot
+    - name: The new driver needs a reboot
+      ansible.builtin.set_fact:
+        nvidia_driver_reboot_pending: true
+      when: inventory_hostname == 'alpha'
+    - name: REBOOT PENDING - a task name alone reports nothing
       ansible.builtin.debug:
         msg: pending
-      when: inventory_hostname == 'alpha'
+      when: inventory_hostname != 'alpha'
     - name: Break on beta
       ansible.builtin.fail:
         msg: "package install failed on {{ inventory_hostname }}"

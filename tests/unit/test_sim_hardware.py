@@ -16,7 +16,7 @@ from sim_host import KERNEL, SimHost
 
 from provisioner import probes
 from provisioner.checks import HostFacts, evaluate
-from provisioner.policy import Expectations
+from provisioner.expectations import Expectations
 
 GPU_PROFILES = [name for name, p in profiles.PROFILES.items() if p.gpu_count]
 

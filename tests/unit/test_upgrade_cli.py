@@ -14,7 +14,14 @@ import pytest
 from test_upgrade_fakes import FakeFleet, FakeHost
 
 from provisioner.errors import InputError
-from provisioner.upgrade import run_upgrade
+from provisioner.upgrade import render, verb
+
+
+def run_upgrade(*, output_format: str = "table", **kw: Any) -> int:
+    """The verb as the CLI runs it: the library's result, then its rendering (progress on stderr)."""
+    kw.setdefault("progress", render.Progress())
+    return render.show(verb.run_upgrade(**kw), output_format)
+
 
 # Addresses from TEST-NET-1: if anything tried to reach them, the run would hang or fail, not pass.
 INVENTORY = """

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from provisioner.upgrade import InstallOutcome, NodeInfo, StepFailed
-from provisioner.upgrade_plan import HostProbe, Target
+from provisioner.upgrade.model import InstallOutcome, NodeInfo, StepFailed
+from provisioner.upgrade.plan import DriverTarget, HostProbe
 
 OPERAND_LABELS = {
     "nvidia.com/gpu.deploy.device-plugin": "true",
@@ -166,14 +166,14 @@ class FakeFleet:
             )
         return out
 
-    def _resolve(self, target: Target) -> str | None:
+    def _resolve(self, target: DriverTarget) -> str | None:
         matches = [v for v in self.available if target.matches(v)]
         return matches[-1] if matches else None
 
     def upgrade(
         self,
         hosts: Sequence[str],
-        target: Target,
+        target: DriverTarget,
         *,
         reboot_allowed: bool,
         on_step: Callable[[str, str], None],
@@ -238,14 +238,14 @@ def test_fake_drain_block_raises_and_install_fail_fails() -> None:
     assert fleet.kube is not None
     with pytest.raises(StepFailed, match="drain did not complete"):
         fleet.kube.drain("gpu1", 5)
-    res = fleet.upgrade(["gpu1"], Target("580"), reboot_allowed=False, on_step=lambda h, s: None)
+    res = fleet.upgrade(["gpu1"], DriverTarget("580"), reboot_allowed=False, on_step=lambda h, s: None)
     assert res["gpu1"].result == "failed"
     assert fleet.hosts["gpu1"].version == "570.195.03"
 
 
 def test_fake_busy_modules_need_a_reboot() -> None:
     fleet = FakeFleet([FakeHost("gpu1", faults={"unload-busy"})])
-    res = fleet.upgrade(["gpu1"], Target("580"), reboot_allowed=False, on_step=lambda h, s: None)
+    res = fleet.upgrade(["gpu1"], DriverTarget("580"), reboot_allowed=False, on_step=lambda h, s: None)
     assert res["gpu1"].result == "reboot-pending"
     assert fleet.hosts["gpu1"].version == "570.195.03"
     assert fleet.hosts["gpu1"].installed == "580.159.04"

@@ -17,8 +17,7 @@ from provisioner.errors import InputError
 from provisioner.executors import CommandResult, SnapshotExecutor, to_shell
 from provisioner.inventory import HostSpec
 from provisioner.runner import Event, Failure, HostStats, PlaybookResult
-from provisioner.upgrade import StepFailed, resolve_install_version
-from provisioner.upgrade_fleet import (
+from provisioner.upgrade.adapters import (
     PROBES,
     KubectlOverSsh,
     RealFleet,
@@ -26,7 +25,9 @@ from provisioner.upgrade_fleet import (
     probe_from_results,
     uses_gpu,
 )
-from provisioner.upgrade_plan import Target, parse_target
+from provisioner.upgrade.model import StepFailed
+from provisioner.upgrade.plan import DriverTarget, parse_target
+from provisioner.upgrade.verb import resolve_install_version
 from provisioner.verification import replay
 
 H200 = Path(__file__).resolve().parent.parent / "fixtures" / "snapshots" / "h200-device" / "vm"
@@ -305,7 +306,7 @@ def fleet(tmp_path: Path) -> RealFleet:
 
 
 def test_extravars_carry_the_exact_version_and_leave_reload_and_reboot_to_the_play(tmp_path: Path) -> None:
-    assert fleet(tmp_path).extravars(Target("580"), reboot_allowed=True) == {
+    assert fleet(tmp_path).extravars(DriverTarget("580"), reboot_allowed=True) == {
         "nvidia_driver_branch": "580",
         "nvidia_driver_version": "580.159.04",
         "nvidia_driver_reload_modules": False,
@@ -321,11 +322,16 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         seen.update(kw, playbook=playbook)
         emit = kw["on_event"]
         for host in ("gpu1", "gpu2", "gpu3"):
-            emit(Event("runner_on_ok", host, None, "UPGRADE STEP stopping"))
+            emit(
+                Event("runner_on_ok", host, None, "Step stopping", facts={"gpuprov_upgrade_step": "stopping"})
+            )
             emit(Event("runner_on_ok", host, "nvidia_driver", "Unload the modules in dependency order"))
-            emit(Event("runner_on_ok", host, None, "UPGRADE STEP installing"))
-        emit(Event("runner_on_ok", "gpu1", None, "UPGRADE STEP reloading"))
-        emit(Event("runner_on_ok", "gpu2", None, "UPGRADE NOTE reload-impossible"))
+            # A task name is not progress: only the fact is.
+            emit(Event("runner_on_ok", host, None, "UPGRADE STEP reloading"))
+            emit(Event("runner_on_ok", host, None, "Step", facts={"gpuprov_upgrade_step": "installing"}))
+        emit(Event("runner_on_ok", "gpu1", None, "x", facts={"gpuprov_upgrade_step": "reloading"}))
+        emit(Event("runner_on_ok", "gpu2", None, "x", facts={"gpuprov_upgrade_note": "reload-impossible"}))
+        emit(Event("runner_on_ok", "gpu3", None, "x", facts={"gpuprov_upgrade_step": "made-up\x1b[2J"}))
         return PlaybookResult(
             status="failed",
             rc=2,
@@ -345,12 +351,12 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         )
 
     monkeypatch.setattr("provisioner.runner.run_playbook", fake_run)
-    monkeypatch.setattr("provisioner.upgrade_fleet.PLAYBOOK", tmp_path / "upgrade_driver.yml")
+    monkeypatch.setattr("provisioner.upgrade.adapters.PLAYBOOK", tmp_path / "upgrade_driver.yml")
     (tmp_path / "upgrade_driver.yml").write_text("---\n")
     steps: list[tuple[str, str]] = []
     out = fleet(tmp_path).upgrade(
         ["gpu1", "gpu2", "gpu3", "gpu4"],
-        Target("580"),
+        DriverTarget("580"),
         reboot_allowed=False,
         on_step=lambda h, s: steps.append((h, s)),
     )
@@ -367,8 +373,8 @@ def test_playbook_result_to_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "nvidia_driver: Install the driver packages: dpkg: error processing",
     )
     assert out["gpu4"].result == "failed" and "did not run on gpu4" in out["gpu4"].reason
-    assert ("gpu1", "reloading") in steps and ("gpu2", "installing") in steps
-    assert all(s in ("stopping", "installing", "reloading") for _, s in steps)
+    assert [s for h, s in steps if h == "gpu1"] == ["stopping", "installing", "reloading"]
+    assert [s for h, s in steps if h == "gpu3"] == ["stopping", "installing"]
 
 
 def test_label_removal() -> None:

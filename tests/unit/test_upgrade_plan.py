@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.upgrade_plan import (
+from provisioner.upgrade.plan import (
     BatchSize,
     HostProbe,
     Plan,

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from test_upgrade_fakes import FakeFleet, FakeHost, fleet_of
 
-from provisioner.upgrade import OPERANDS_LABEL as OPERANDS
-from provisioner.upgrade import Options, Rollout
-from provisioner.upgrade_plan import HostProbe, build_plan, parse_batch, parse_target
-from provisioner.upgrade_state import UpgradeState
+from provisioner.upgrade.model import OPERANDS_LABEL as OPERANDS
+from provisioner.upgrade.plan import HostProbe, build_plan, parse_batch, parse_target
+from provisioner.upgrade.rollout import Options, Rollout
+from provisioner.upgrade.state import UpgradeState
 
 DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
 
@@ -330,7 +330,7 @@ def test_interrupt_during_install_records_state_and_resume_finishes(tmp_path: Pa
     loaded = UpgradeState.load(state.path.parent)
     for name in loaded.hosts:
         loaded.reopen(name)
-    from provisioner.upgrade_plan import Plan
+    from provisioner.upgrade.plan import Plan
 
     again = Rollout(fleet, loaded, Plan.from_dict(loaded.doc["plan"]), rollout.opt)
     assert again.run().status == "finished"
@@ -373,7 +373,7 @@ def test_resume_after_a_crash_mid_host(tmp_path: Path) -> None:
     fleet.on_install = None
     for name in loaded.hosts:
         loaded.reopen(name)
-    from provisioner.upgrade_plan import Plan
+    from provisioner.upgrade.plan import Plan
 
     again = Rollout(fleet, loaded, Plan.from_dict(loaded.doc["plan"]), rollout.opt)
     assert again.run().status == "finished"

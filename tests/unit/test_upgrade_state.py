@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.upgrade_state import (
+from provisioner.upgrade.state import (
     NEXT,
     STEPS,
     StateError,
@@ -153,7 +153,7 @@ def test_corrupt_state_file_is_bad_input(home: Path) -> None:
 def test_one_upgrade_at_a_time_per_inventory(home: Path) -> None:
     code = (
         "import sys, time\n"
-        "from provisioner.upgrade_state import inventory_lock\n"
+        "from provisioner.upgrade.state import inventory_lock\n"
         "with inventory_lock('/inv/hosts.yml'):\n"
         "    print('locked', flush=True)\n"
         "    sys.stdin.readline()\n"
