@@ -106,19 +106,25 @@ def bootstrap(
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> int:
     """Take hosts from bare OS to GPU Operator, stage by stage, then verify them."""
-    from provisioner.bootstrap import run_bootstrap
+    from provisioner.bootstrap.render import make_progress, show
+    from provisioner.bootstrap.verb import progress_filter, run_bootstrap
 
-    return run_bootstrap(
-        inventory=inventory,
-        only=_split(only),
-        skip=_split(skip),
-        limit=limit,
-        check=check,
-        assume_yes=yes,
-        retry_failed=retry_failed,
-        forks=forks,
-        output_format=output_format.value,
-    )
+    progress = make_progress(output_format.value, shown=progress_filter(_split(only), _split(skip)))
+    with progress:
+        result = run_bootstrap(
+            inventory=inventory,
+            only=_split(only),
+            skip=_split(skip),
+            limit=limit,
+            check=check,
+            assume_yes=yes,
+            retry_failed=retry_failed,
+            forks=forks,
+            on_event=progress,
+            notify=progress.note,
+            confirm=_confirm if sys.stdin.isatty() else None,
+        )
+    return show(result, output_format.value)
 
 
 @app.command()

@@ -64,6 +64,7 @@ class Event:
     changed: bool = False
     message: str = ""
     facts: Mapping[str, Any] = field(default_factory=dict)  # the PROGRESS_FACTS the task set
+    diff: str = ""  # what the task changed (or would change, in check mode), as a unified diff
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,48 @@ def _message(res: dict[str, Any]) -> str:
             if isinstance(item, dict) and item.get("failed"):
                 return _message(item)
     return ""
+
+
+MAX_DIFF_LINES = 200
+
+
+def _diff_text(res: dict[str, Any]) -> str:
+    """A task result's `diff` (Ansible's before/after pairs or a module's prepared text) as one unified
+    diff, cut at MAX_DIFF_LINES. Host text: the caller shows it escaped."""
+    import difflib
+
+    diffs = res.get("diff")
+    if isinstance(diffs, dict):
+        diffs = [diffs]
+    if not isinstance(diffs, list):
+        return ""
+    out: list[str] = []
+    for d in diffs:
+        if not isinstance(d, dict):
+            continue
+        if isinstance(d.get("prepared"), str):
+            out.extend(d["prepared"].rstrip("\n").splitlines())
+            continue
+        before, after = d.get("before"), d.get("after")
+        if before is None and after is None:
+            continue
+        if not isinstance(before, str) or not isinstance(after, str):
+            import json
+
+            before = json.dumps(before, indent=2, sort_keys=True, default=str) if before is not None else ""
+            after = json.dumps(after, indent=2, sort_keys=True, default=str) if after is not None else ""
+        out.extend(
+            line.rstrip("\n")
+            for line in difflib.unified_diff(
+                before.splitlines(keepends=True),
+                after.splitlines(keepends=True),
+                str(d.get("before_header") or "before"),
+                str(d.get("after_header") or "after"),
+            )
+        )
+    if len(out) > MAX_DIFF_LINES:
+        out = [*out[:MAX_DIFF_LINES], f"... ({len(out) - MAX_DIFF_LINES} more lines in the run record)"]
+    return "\n".join(out)
 
 
 class _EventSink:
@@ -170,7 +213,8 @@ class _EventSink:
             facts = {k: v for k, v in got.items() if k in PROGRESS_FACTS}
             if got.get(REBOOT_PENDING_FACT) is True or str(got.get(REBOOT_PENDING_FACT)).lower() == "true":
                 self.result.reboot_pending.add(host)
-        self._emit(Event(kind, host, stage, task, changed, message, facts))
+        diff = _diff_text(res) if changed else ""
+        self._emit(Event(kind, host, stage, task, changed, message, facts, diff))
 
     def _stats(self, data: dict[str, Any]) -> None:
         keys = {

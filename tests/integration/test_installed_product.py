@@ -88,10 +88,15 @@ def test_verify_check_and_snapshot_from_the_installed_wheel(installed: Installed
     assert set(hosts) == set(lab.hosts)
     assert all(not h.get("error") for h in hosts.values()), hosts
 
-    policy = REPO / "docs" / "examples" / "policy.yml"
+    policy = installed.home / "policy.yml"
+    policy.write_text("groups:\n  gpu_nodes:\n    gpu.present: true\n")
     res = installed.run("check", "-i", str(lab.inventory), "--policy", str(policy), "--format", "json")
     assert res.returncode in (0, 1), res.stderr
-    assert json.loads(res.stdout)["hosts"]
+    checked = {h["host"]: h for h in json.loads(res.stdout)["hosts"]}
+    assert set(checked) == set(lab.hosts)
+    for name in (n for n in lab.hosts if n.startswith("gpu")):
+        present = [c["status"] for c in checked[name]["checks"] if c["id"] == "gpu.present"]
+        assert present == ["pass"], (name, present)
 
     out = installed.home / "bundle"
     res = installed.run("snapshot", "-i", str(lab.inventory), "-o", str(out), "--limit", "gpu1")

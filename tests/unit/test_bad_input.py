@@ -184,13 +184,13 @@ def test_progress_lines_and_summary_tables_show_host_words_escaped(
     """Failure reasons quote hosts and kubectl (Ansible messages, stderr lines): as text, escaped."""
     import io
 
-    from provisioner import bootstrap
+    from provisioner.bootstrap import render as bootstrap
     from provisioner.upgrade import render as upgrade
 
     hostile = "dpkg error\x1b]0;owned\x07\x1b[2J [/bold]"
     out = io.StringIO()
     upgrade.Progress(out)("gpu1", hostile)
-    bootstrap.Progress(out)._print(hostile)
+    bootstrap.PlainProgress(out)._print(hostile)
     assert "\x1b" not in out.getvalue() and out.getvalue().count("\\x1b]0;owned\\x07") == 2
     row = {"host": "gpu1", "from": "570", "to": "580", "result": "failed", "duration_s": 1.0}
     row["reason"] = hostile
@@ -200,6 +200,7 @@ def test_progress_lines_and_summary_tables_show_host_words_escaped(
     )  # fmt: skip
     brow = {"host": "gpu1", "status": "failed", "ok": 1, "changed": 0, "failed": 1, "unreachable": 0,
             "skipped": 0, "reason": hostile}  # fmt: skip
-    bootstrap._render({"hosts": [brow], "totals": {"failed": 1}, "record": "r", "check": False}, "table", {})
+    summary = {"hosts": [brow], "totals": {"failed": 1}, "record": "r", "check": False}
+    bootstrap.render_summary(summary, "table", {})
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "[/bold]" in printed

@@ -145,7 +145,7 @@ ALL_STAGES = [
 
 
 def test_control_plane_is_not_verified_for_gpus() -> None:
-    from provisioner.bootstrap import _check_ids
+    from provisioner.bootstrap.verb import _check_ids
 
     cp = _Host("cp1", ["all", "k8s_cluster", "kube_control_plane"])
     ids = _check_ids(ALL_STAGES, cp)
@@ -153,7 +153,7 @@ def test_control_plane_is_not_verified_for_gpus() -> None:
 
 
 def test_gpu_worker_is_verified_for_every_stage_that_reached_it() -> None:
-    from provisioner.bootstrap import _check_ids
+    from provisioner.bootstrap.verb import _check_ids
 
     gpu = _Host("gpu1", ["all", "k8s_cluster", "gpu_nodes"])
     ids = _check_ids(ALL_STAGES, gpu)
@@ -188,7 +188,7 @@ def test_stage_catalog_matches_the_site_playbook() -> None:
 def test_progress_shows_only_the_chosen_stages_and_any_failure() -> None:
     import io
 
-    from provisioner.bootstrap import Progress
+    from provisioner.bootstrap.render import PlainProgress as Progress
     from provisioner.runner import Event
 
     out = io.StringIO()

@@ -1,15 +1,10 @@
-"""`gpuprov bootstrap`: bare hosts → GPU Operator through the stage playbook, then verification.
-
-Order of work: inventory and settings validated (bad input: exit 2, no host touched) → confirmation →
-playbooks/site.yml through ansible-runner with one tag per chosen stage → live per-host, per-stage
-progress from runner events → a run record (events, stats, summary) → verification of the hosts that
-came through, limited to the checks that prove the stages that ran.
-"""
+"""`run_bootstrap`: the verb. It checks the input, runs the stage playbook, verifies, and returns a
+BootstrapResult; the CLI shows the progress events it passes on and the result."""
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,79 +13,24 @@ from provisioner import records
 from provisioner.config import validate_inventory_settings
 from provisioner.content import PLAYBOOKS_DIR, role_default
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
-from provisioner.hosttext import safe_text
+from provisioner.runner import Event
 from provisioner.stages import STAGE_NAMES, STAGES, VERIFY, select_stages
 
 SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
 FACTS_PLAY = "Facts"  # site.yml's first play, tagged always: it runs whatever the stages
 
 
-# ------------------------------------------------------------------------------------------ progress
-
-
-class Progress:
-    """Prints one line per host as each stage finishes there, and failures as they happen.
-
-    Lines go to stderr so that `--format json` keeps stdout machine-readable. Plays of stages left out
-    by --only/--skip still start (Ansible validates every role's arguments, a task tagged `always`), but
-    they are not shown as stages that ran; only their failures are.
-    """
-
-    def __init__(self, stream: Any = None, shown: set[str] | None = None) -> None:
-        self.stream = stream or sys.stderr
-        self.shown = shown  # the plays to report; None: all
-        self.stage: str | None = None
-        self.seen: dict[str, dict[str, int]] = {}  # host -> {"changed": n, "tasks": n}
-        self.failed: set[tuple[str, str | None]] = set()
-        self.started = time.monotonic()
-
-    def _print(self, text: str) -> None:
-        elapsed = time.monotonic() - self.started
-        # Failure messages carry hosts' own words: shown, never obeyed by the terminal.
-        self.stream.write(f"[{elapsed:6.1f}s] {safe_text(text)}\n")
-        self.stream.flush()
-
-    def _close_stage(self) -> None:
-        if self.stage is None or not self._shown(self.stage):
-            self.seen = {}
-            return
-        for host, counts in sorted(self.seen.items()):
-            if (host, self.stage) in self.failed:
-                continue
-            what = f"changed {counts['changed']}" if counts["changed"] else "ok"
-            self._print(f"{host:<20} {self.stage:<26} {what}")
-        self.seen = {}
-
-    def __call__(self, event: Any) -> None:
-        if event.kind == "play_start":
-            self._close_stage()
-            self.stage = event.stage
-            if self.stage and self._shown(self.stage):
-                self._print(f"── {self.stage}")
-            return
-        if event.host is None:
-            return
-        counts = self.seen.setdefault(event.host, {"changed": 0, "tasks": 0})
-        counts["tasks"] += 1
-        if event.changed:
-            counts["changed"] += 1
-        if event.kind in ("runner_on_failed", "runner_on_unreachable"):
-            key = (event.host, event.stage)
-            if key not in self.failed:
-                self.failed.add(key)
-                label = "UNREACHABLE" if event.kind == "runner_on_unreachable" else "FAILED"
-                self._print(
-                    f"{event.host:<20} {event.stage or '-':<26} {label}: {event.task}: {event.message}"
-                )
-
-    def _shown(self, stage: str) -> bool:
-        return self.shown is None or stage in self.shown
-
-    def finish(self) -> None:
-        self._close_stage()
-
-
 # ------------------------------------------------------------------------------------------ summary
+
+
+@dataclass
+class BootstrapResult:
+    """What a bootstrap did: the summary (also in the run record) and the verification of the hosts."""
+
+    exit_code: int
+    summary: dict[str, Any] | None = None  # None: nothing was run (no failed host left to retry)
+    verify_report: dict[str, Any] = field(default_factory=dict)
+    verify_s: float = 0.0
 
 
 @dataclass
@@ -191,18 +131,25 @@ def _verify(hosts: list[Any], stages: list[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ the verb
 
 
-def _confirm(hosts: list[Any], stages: list[str], assume_yes: bool) -> None:
+def _confirm(
+    hosts: list[Any], stages: list[str], assume_yes: bool, confirm: Callable[[str], bool] | None
+) -> None:
     if assume_yes:
         return
-    if not sys.stdin.isatty():
+    if confirm is None:
         raise InputError(
             f"refusing to change {len(hosts)} host(s) without --yes (standard input is not a terminal)"
         )
-    import typer
-
     names = ", ".join(h.name for h in hosts[:8]) + (" ..." if len(hosts) > 8 else "")
-    if not typer.confirm(f"Bootstrap {len(hosts)} host(s) ({names}) through {', '.join(stages)}?"):
+    if not confirm(f"Bootstrap {len(hosts)} host(s) ({names}) through {', '.join(stages)}?"):
         raise InputError("not confirmed; nothing was changed")
+
+
+def progress_filter(only: list[str], skip: list[str]) -> set[str] | None:
+    """The plays whose progress to show (None: all). Plays of stages left out by --only/--skip still
+    start (Ansible validates every role's arguments, a task tagged `always`); only their failures show."""
+    plays = [s for s in select_stages(only, skip) if s in STAGE_NAMES]
+    return None if len(plays) == len(STAGE_NAMES) else {FACTS_PLAY, *plays}
 
 
 def _retry_limit(inventory: Path, limit: str | None) -> str | None:
@@ -229,9 +176,16 @@ def run_bootstrap(
     assume_yes: bool,
     retry_failed: bool,
     forks: int,
-    output_format: str,
-) -> int:
+    on_event: Callable[[Event], None] | None = None,
+    notify: Callable[[str], None] | None = None,
+    confirm: Callable[[str], bool] | None = None,
+) -> BootstrapResult:
+    """The verb. Bad input raises InputError before any host is touched. `on_event` gets every playbook
+    event as it happens (the live progress), `notify` a line at each phase, `confirm` the question asked
+    before hosts are changed (None: nobody to ask, so only --yes goes on)."""
     from provisioner.inventory import load_inventory
+
+    say = notify or (lambda text: None)
 
     if inventory is None:
         raise InputError("-i/--inventory is required (try: gpuprov lab inventory)")
@@ -243,14 +197,14 @@ def run_bootstrap(
     if retry_failed:
         limit = _retry_limit(inventory, limit)
         if limit is None:
-            sys.stderr.write("bootstrap: the last run left no failed host; nothing to retry\n")
-            return EXIT_OK
+            say("bootstrap: the last run left no failed host; nothing to retry")
+            return BootstrapResult(EXIT_OK)
     hosts = inv.select(limit)
     if not hosts:
         raise InputError(f"{inventory}: no host selected" + (f" by --limit {limit}" if limit else ""))
     validate_inventory_settings(inv, hosts)
     if not check:
-        _confirm(hosts, chosen, assume_yes)
+        _confirm(hosts, chosen, assume_yes, confirm)
 
     record = records.new_record("bootstrap")
     command = {
@@ -263,16 +217,25 @@ def run_bootstrap(
         "hosts": [h.name for h in hosts],
     }
     records.write_json(record / "command.json", command)
-    sys.stderr.write(f"bootstrap: {len(hosts)} host(s), stages {', '.join(chosen)}; record {record}\n")
+    say(f"bootstrap: {len(hosts)} host(s), stages {', '.join(chosen)}; record {record}")
 
     outcomes = {h.name: HostOutcome(h.name, "not-run") for h in hosts}
+    changes: dict[str, list[dict[str, str]]] = {}
     interrupted = False
     if plays:
         from provisioner.runner import run_playbook
 
         all_plays = len(plays) == len(STAGE_NAMES)
         shown = {FACTS_PLAY, *plays}
-        progress = Progress(shown=None if all_plays else shown)
+
+        def on_playbook_event(event: Event) -> None:
+            if check and event.changed and event.host:
+                changes.setdefault(event.host, []).append(
+                    {"stage": event.stage or "-", "task": event.task or "-", "diff": event.diff}
+                )
+            if on_event is not None:
+                on_event(event)
+
         result = run_playbook(
             SITE_PLAYBOOK,
             inventory,
@@ -281,9 +244,8 @@ def run_bootstrap(
             tags=None if all_plays else plays,
             check=check,
             forks=forks,
-            on_event=progress,
+            on_event=on_playbook_event,
         )
-        progress.finish()
         interrupted = result.interrupted
         for name, outcome in outcomes.items():
             stats = result.stats.get(name)
@@ -319,7 +281,7 @@ def run_bootstrap(
     if VERIFY in chosen and not check and not interrupted:
         ready = [h for h in hosts if outcomes[h.name].status == "done"]
         if ready:
-            sys.stderr.write(f"bootstrap: verifying {len(ready)} host(s)\n")
+            say(f"bootstrap: verifying {len(ready)} host(s)")
             t0 = time.monotonic()
             verify_report = _verify(ready, chosen)
             verify_s = time.monotonic() - t0
@@ -349,54 +311,12 @@ def run_bootstrap(
     }
     if verify_report:
         records.write_json(record / "verify.json", {n: hr.to_dict() for n, hr in verify_report.items()})
+    if check:
+        # What check mode found would change, per host and task, with the diffs Ansible gave.
+        summary["changes"] = {h.name: changes.get(h.name, []) for h in hosts if plays}
     records.write_json(record / "summary.json", summary)
-    _render(summary, output_format, verify_report, verify_s)
     if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_OK if all(o.status == "done" for o in outcomes.values()) else EXIT_FAILED
-
-
-def _render(
-    summary: dict[str, Any], output_format: str, verify_report: dict[str, Any], verify_s: float = 0.0
-) -> None:
-    import json
-
-    if output_format == "json":
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-        return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
-    table = Table(title="bootstrap" + (" (check mode)" if summary["check"] else ""), show_lines=False)
-    for col in ("host", "status", "ok", "changed", "failed", "unreach.", "skipped", "reason"):
-        table.add_column(
-            col, justify="right" if col in ("ok", "changed", "failed", "unreach.", "skipped") else "left"
-        )
-    for h in summary["hosts"]:
-        table.add_row(
-            h["host"],
-            h["status"],
-            str(h["ok"]),
-            str(h["changed"]),
-            str(h["failed"]),
-            str(h["unreachable"]),
-            str(h["skipped"]),
-            Text(safe_text(h["reason"] or "")),
-        )
-    console.print(table)
-    if verify_report:
-        from provisioner.report import render
-        from provisioner.report.model import Report
-
-        report = Report(
-            hosts=list(verify_report.values()),
-            checks=sorted({f.id for hr in verify_report.values() for f in hr.findings}),
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            source="ssh",
-            duration_s=verify_s,
-        )
-        sys.stdout.write(render(report, "table", fail_on="warn", drift=False, color=sys.stdout.isatty()))
-    totals = ", ".join(f"{n} {s}" for s, n in summary["totals"].items())
-    console.print(f"hosts: {totals}; record: {summary['record']}")
+        code = EXIT_INTERRUPTED
+    else:
+        code = EXIT_OK if all(o.status == "done" for o in outcomes.values()) else EXIT_FAILED
+    return BootstrapResult(code, summary, verify_report, verify_s)
