@@ -981,6 +981,31 @@ MAX_SNAPSHOT_META = 4 * 1024 * 1024
 _SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+class OpenConnections:
+    """Executors in use by a run, so that Ctrl-C can close their connections: blocked reads return and
+    worker threads end instead of holding the exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[int, Executor] = {}
+
+    def add(self, ex: Executor) -> None:
+        with self._lock:
+            self._by_id[id(ex)] = ex
+
+    def discard(self, ex: Executor) -> None:
+        with self._lock:
+            self._by_id.pop(id(ex), None)
+
+    def close_all(self) -> None:
+        with self._lock:
+            live = list(self._by_id.values())
+            self._by_id.clear()
+        for ex in live:
+            with contextlib.suppress(Exception):
+                ex.close()
+
+
 class SnapshotFileRefused(GpuprovError):
     """A snapshot file that is not read (a link, a device, a FIFO, a bad name, too big)."""
 

@@ -20,3 +20,18 @@ def short_safe_text(text: str, limit: int = 80) -> str:
     inside a one-line message."""
     shown = safe_text(text if len(text) <= limit else text[:limit] + "…")
     return shown.replace("\t", "\\t").replace("\n", "\\n")
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    """The first non-blank line, stripped, cut at `limit` with an ellipsis (a reason in one line)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+def last_line(text: str, limit: int = 300) -> str:
+    """The last non-blank line, stripped, cut at `limit`: where tools such as kubectl put their error."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:limit]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.hosttext import first_line
 from provisioner.yamlfile import check_ansible_yaml
 
 _TRUE = {"1", "yes", "true", "on", "y"}
@@ -36,6 +37,10 @@ class HostSpec:
     password: str | None = None
     groups: list[str] = field(default_factory=list)
     vars: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def become(self) -> bool:
+        return needs_become(self)
 
 
 def _ssh_options(args: str) -> dict[str, str]:
@@ -74,7 +79,14 @@ def _warn_once(message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def _bool(value: Any, default: bool) -> bool:
+def needs_become(host: Any) -> bool:
+    """Whether commands on a host need sudo: ansible_become set, for a user other than root."""
+    hostvars = getattr(host, "vars", None) or {}
+    return ansible_bool(hostvars.get("ansible_become"), False) and getattr(host, "user", "root") != "root"
+
+
+def ansible_bool(value: Any, default: bool) -> bool:
+    """An inventory value read as Ansible reads a boolean (yes/no, true/false, 1/0, on/off)."""
     if value is None:
         return default
     if isinstance(value, bool):
@@ -203,10 +215,10 @@ class Inventory:
         opts = _ssh_options(ssh_args)
         known = opts.get("userknownhostsfile")
         checking = opts.get("stricthostkeychecking")
-        strict = _bool(rendered.get("ansible_host_key_checking"), default=True)
+        strict = ansible_bool(rendered.get("ansible_host_key_checking"), default=True)
         env_checking = os.environ.get("ANSIBLE_HOST_KEY_CHECKING")
         if env_checking is not None:
-            strict = _bool(env_checking, default=True)
+            strict = ansible_bool(env_checking, default=True)
             if not strict:
                 _warn_once(
                     "gpuprov: warning: ANSIBLE_HOST_KEY_CHECKING is off in the environment: gpuprov's own "
@@ -274,8 +286,7 @@ class Inventory:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(str(exc), 1000) or type(exc).__name__
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -26,6 +26,8 @@ from typing import Any
 import defusedxml
 import defusedxml.ElementTree as defused_et
 
+from provisioner.hosttext import first_line
+
 # A probe that decides it does not apply here (no kubeconfig, no dcgmi, no such config file)
 # exits with this code and says why on stderr. It is "not applicable", not a failure.
 RC_NOT_APPLICABLE = 200
@@ -300,14 +302,6 @@ class ProbeResult:
         if self.rc == 127 and not msg:
             return "command not found"
         return f"exit {self.rc}" + (f": {msg}" if msg else "")
-
-
-def first_line(text: str, limit: int = 200) -> str:
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line if len(line) <= limit else line[: limit - 1] + "…"
-    return ""
 
 
 _MAX_STDERR = 4000

@@ -13,7 +13,6 @@ the reason and the other hosts are unaffected.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import os
@@ -37,12 +36,15 @@ from provisioner.executors import (
     Executor,
     ExecutorError,
     LocalExecutor,
+    OpenConnections,
     SnapshotExecutor,
     SnapshotFileRefused,
     SshExecutor,
     SshTarget,
     recorded_seconds,
 )
+from provisioner.hosttext import first_line
+from provisioner.inventory import needs_become
 from provisioner.policy import Expectations, Policy, validate_expectations, with_overrides
 from provisioner.report.model import HostReport, Report
 
@@ -67,35 +69,7 @@ class Target:
     become: bool = False
 
 
-class _OpenExecutors:
-    """Executors in use by a run, so that Ctrl-C can close their connections and let threads end."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_id: dict[int, Executor] = {}
-
-    def add(self, ex: Executor) -> None:
-        with self._lock:
-            self._by_id[id(ex)] = ex
-
-    def discard(self, ex: Executor) -> None:
-        with self._lock:
-            self._by_id.pop(id(ex), None)
-
-    def close_all(self) -> None:
-        with self._lock:
-            live = list(self._by_id.values())
-            self._by_id.clear()
-        for ex in live:
-            with contextlib.suppress(Exception):
-                ex.close()
-
-
-_LIVE = _OpenExecutors()
-
-
-def _truthy(value: Any) -> bool:
-    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+_LIVE = OpenConnections()
 
 
 def ssh_targets(hosts: Sequence[Any], connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> list[Target]:
@@ -104,7 +78,7 @@ def ssh_targets(hosts: Sequence[Any], connect_timeout: float = DEFAULT_CONNECT_T
     for host in hosts:
         ssh = SshTarget.from_host(host)
         hostvars = dict(getattr(host, "vars", None) or {})
-        become = _truthy(hostvars.get("ansible_become", False)) and ssh.user != "root"
+        become = needs_become(host)
         targets.append(
             Target(
                 name=ssh.name,
@@ -141,7 +115,7 @@ def collect(
     result = executor.run(argv, timeout)
     results = P.parse_script_output(result.stdout, token, names, result.stderr)
     if names and not any(r.collected for r in results.values()):
-        why = P.first_line(result.stderr) or f"exit {result.rc}"
+        why = first_line(result.stderr) or f"exit {result.rc}"
         raise ExecutorError(executor.name, f"the probe script did not run: {why}")
     return results
 

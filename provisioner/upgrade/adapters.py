@@ -13,7 +13,6 @@ role, the same code bootstrap runs).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import threading
@@ -30,9 +29,17 @@ from provisioner.checks.driver import installed_version
 from provisioner.checks.model import Unavailable
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import GpuprovError
-from provisioner.executors import CommandResult, CommandTimeout, ExecutorError, SshExecutor, SshTarget
+from provisioner.executors import (
+    CommandResult,
+    CommandTimeout,
+    ExecutorError,
+    OpenConnections,
+    SshExecutor,
+    SshTarget,
+)
 from provisioner.expectations import Expectations
-from provisioner.hosttext import short_safe_text
+from provisioner.hosttext import last_line, short_safe_text
+from provisioner.inventory import needs_become
 from provisioner.upgrade.model import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
 from provisioner.upgrade.plan import DriverTarget, HostProbe, valid_node_name
 
@@ -66,21 +73,6 @@ NOTES = {
     "reload-impossible": "the old driver's modules could not be unloaded (still in use)",
     "kernel-changed": "the running kernel is not the one the new modules were built for",
 }
-
-
-def _truthy(value: Any) -> bool:
-    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _become(spec: Any) -> bool:
-    return _truthy((getattr(spec, "vars", None) or {}).get("ansible_become", False)) and (
-        getattr(spec, "user", "root") != "root"
-    )
-
-
-def _first_line(text: str, limit: int = 300) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "")[:limit]
 
 
 # ------------------------------------------------------------------------------------------ probing
@@ -121,29 +113,6 @@ def probe_from_results(host: str, results: Mapping[str, P.ProbeResult], node: st
     )
 
 
-class _Live:
-    """SSH connections in use, so that Ctrl-C can close them and blocked reads return."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: dict[int, SshExecutor] = {}
-
-    def add(self, ex: SshExecutor) -> None:
-        with self._lock:
-            self._items[id(ex)] = ex
-
-    def discard(self, ex: SshExecutor) -> None:
-        with self._lock:
-            self._items.pop(id(ex), None)
-
-    def close_all(self) -> None:
-        with self._lock:
-            items = list(self._items.values())
-        for ex in items:
-            with contextlib.suppress(Exception):
-                ex.close()
-
-
 # ------------------------------------------------------------------------------------------ kubectl
 
 
@@ -153,14 +122,14 @@ class KubectlOverSsh:
     def __init__(
         self,
         spec: Any,
-        live: _Live,
+        live: OpenConnections,
         connect_timeout: float = 10.0,
         poll_s: float = 1.0,
         executor: SshExecutor | None = None,
     ) -> None:
         self.spec = spec
         self.host = spec.name
-        self.become = _become(spec)
+        self.become = needs_become(spec)
         self.poll_s = poll_s
         self._executor = executor or SshExecutor(SshTarget.from_host(spec), connect_timeout=connect_timeout)
         self._lock = threading.Lock()
@@ -192,7 +161,7 @@ class KubectlOverSsh:
 
     def _ok(self, what: str, res: CommandResult) -> CommandResult:
         if res.rc != 0:
-            raise StepFailed(f"kubectl {what}: {_first_line(res.stderr) or f'exit {res.rc}'}")
+            raise StepFailed(f"kubectl {what}: {last_line(res.stderr) or f'exit {res.rc}'}")
         return res
 
     # -- Kube interface
@@ -209,12 +178,12 @@ class KubectlOverSsh:
             ):
                 return None
             if res.rc == 127:
-                raise StepFailed(f"kubectl not found on {self.host}: {_first_line(res.stderr)}")
+                raise StepFailed(f"kubectl not found on {self.host}: {last_line(res.stderr)}")
             self._ok(f"get node {name}", res)
         try:
             doc = json.loads(res.stdout)
         except ValueError as exc:
-            raise StepFailed(f"kubectl get node {name}: not JSON: {_first_line(res.stdout)}") from exc
+            raise StepFailed(f"kubectl get node {name}: not JSON: {last_line(res.stdout)}") from exc
         meta = doc.get("metadata") or {}
         status = doc.get("status") or {}
         return NodeInfo(
@@ -241,7 +210,7 @@ class KubectlOverSsh:
             "--", name, timeout=timeout + 60,
         )  # fmt: skip
         if res.rc != 0:
-            raise StepFailed(f"kubectl drain (timeout {int(timeout)}s): {_first_line(res.stderr) or res.rc}")
+            raise StepFailed(f"kubectl drain (timeout {int(timeout)}s): {last_line(res.stderr) or res.rc}")
 
     def _pods_on(self, name: str, selector: str | None = None) -> list[dict[str, Any]]:
         args = ["get", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={name}", "-o", "json"]
@@ -251,7 +220,7 @@ class KubectlOverSsh:
         try:
             return list(json.loads(res.stdout).get("items") or [])
         except ValueError as exc:
-            raise StepFailed(f"kubectl get pods: not JSON: {_first_line(res.stdout)}") from exc
+            raise StepFailed(f"kubectl get pods: not JSON: {last_line(res.stdout)}") from exc
 
     def evict_gpu_pods(self, name: str, timeout: float) -> None:
         """Evict only the pods on the node that use GPUs (PodDisruptionBudgets honoured) and wait for them.
@@ -277,7 +246,7 @@ class KubectlOverSsh:
         )  # fmt: skip
         if res.rc != 0:
             which = ", ".join(f"{ns}/{n}" for ns, names in sorted(by_ns.items()) for n in sorted(names))
-            why = _first_line(res.stderr) or f"exit {res.rc}"
+            why = last_line(res.stderr) or f"exit {res.rc}"
             raise StepFailed(f"GPU pods not evicted ({which}; timeout {int(timeout)}s): {why}")
 
     def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
@@ -354,7 +323,7 @@ class RealFleet:
         self.progress = progress
         self.connect_timeout = connect_timeout
         self.probe_timeout = probe_timeout
-        self._live = _Live()
+        self._live = OpenConnections()
         self.kube: KubectlOverSsh | None = (
             KubectlOverSsh(control_plane, self._live, connect_timeout) if control_plane is not None else None
         )
@@ -369,7 +338,7 @@ class RealFleet:
         try:
             from provisioner.verification import collect
 
-            results = collect(ex, PROBES, self.probe_timeout, become=_become(spec))
+            results = collect(ex, PROBES, self.probe_timeout, become=needs_become(spec))
             res = ex.run(["cat", "/proc/sys/kernel/hostname"], 15)
             hostname = res.stdout.strip().lower() if res.rc == 0 else ""
             res = ex.run(["cat", "/etc/machine-id"], 15)

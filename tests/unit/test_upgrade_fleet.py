@@ -14,14 +14,13 @@ import pytest
 
 from provisioner import probes as P
 from provisioner.errors import InputError
-from provisioner.executors import CommandResult, SnapshotExecutor, to_shell
+from provisioner.executors import CommandResult, OpenConnections, SnapshotExecutor, to_shell
 from provisioner.inventory import HostSpec
 from provisioner.runner import Event, Failure, HostStats, PlaybookResult
 from provisioner.upgrade.adapters import (
     PROBES,
     KubectlOverSsh,
     RealFleet,
-    _Live,
     probe_from_results,
     uses_gpu,
 )
@@ -104,7 +103,7 @@ def kube(
 ) -> tuple[KubectlOverSsh, FakeSsh]:
     fake = FakeSsh(answers)
     spec = HostSpec(name="cp1", address="192.0.2.10", user=user, vars=hv)
-    return KubectlOverSsh(spec, _Live(), poll_s=0.01, executor=fake), fake  # type: ignore[arg-type]
+    return KubectlOverSsh(spec, OpenConnections(), poll_s=0.01, executor=fake), fake  # type: ignore[arg-type]
 
 
 NODE = {
