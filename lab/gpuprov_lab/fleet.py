@@ -25,7 +25,7 @@ from typing import TypeVar
 from gpuprov_lab import distros, engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
 from gpuprov_lab.engine import Docker, Progress, _quiet
 from gpuprov_lab.errors import LabError
-from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.plan import PlannedHost
 from gpuprov_lab.sim import nvml
 from gpuprov_lab.state import LabState
 from provisioner.errors import InputError
@@ -290,7 +290,7 @@ def _containers(docker: Docker, lab: str) -> dict[str, str]:
     return found
 
 
-def _write_host_files(lp: paths.LabPaths, h: HostSpec) -> None:
+def _write_host_files(lp: paths.LabPaths, h: PlannedHost) -> None:
     """profile.json (rewritten when the profile changes), NVIDIA's mock NVML configuration of the host's
     GPUs and faults.json (kept) for the emulation."""
     d = lp.host_dir(h.name)
@@ -356,7 +356,7 @@ Signed-By: {keyring}
 """
 
 
-def host_files(st: LabState, h: HostSpec, authorized_key: str, host_key: tuple[Path, str]) -> bytes:
+def host_files(st: LabState, h: PlannedHost, authorized_key: str, host_key: tuple[Path, str]) -> bytes:
     """Files put into a host before it boots: SSH host key and authorized key, apt source, route unit."""
     priv, _pub = host_key
     return _tar(
@@ -390,7 +390,7 @@ def host_files(st: LabState, h: HostSpec, authorized_key: str, host_key: tuple[P
 
 
 def _create_host(
-    docker: Docker, st: LabState, h: HostSpec, host_image: str, auth: str, host_key: tuple[Path, str]
+    docker: Docker, st: LabState, h: PlannedHost, host_image: str, auth: str, host_key: tuple[Path, str]
 ) -> None:
     lp = st.paths
     name = lp.container(h.name)
@@ -467,7 +467,7 @@ def ssh_argv(st: LabState, ip: str, *command: str, timeout: int = 5) -> list[str
     ]
 
 
-def _wait_ready(docker: Docker, st: LabState, h: HostSpec) -> str | None:
+def _wait_ready(docker: Docker, st: LabState, h: PlannedHost) -> str | None:
     """Wait for systemd to finish booting and for SSH to accept the lab key; a problem, or None."""
     name = st.paths.container(h.name)
     deadline = time.monotonic() + BOOT_TIMEOUT
@@ -566,7 +566,7 @@ def status(lab: str) -> tuple[LabState, list[HostStatus], bool]:
         raise LabError("no Docker engine answers (gpuprov lab up starts one)")
     present = _containers(docker, lab)
 
-    def one(h: HostSpec) -> HostStatus:
+    def one(h: PlannedHost) -> HostStatus:
         cstate = present.get(h.name, "missing")
         shown = cstate
         if cstate == "running":

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from gpuprov_lab.engine import Docker
-from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.plan import PlannedHost
 from gpuprov_lab.state import LabState
 
 
-def detach(st: LabState, h: HostSpec) -> None:
+def detach(st: LabState, h: PlannedHost) -> None:
     docker = Docker()
     name = st.paths.container(h.name)
     attached = docker("inspect", "--format", "{{json .NetworkSettings.Networks}}", name).stdout
@@ -15,7 +15,7 @@ def detach(st: LabState, h: HostSpec) -> None:
         docker("network", "disconnect", "--force", st.paths.network, name, what=f"detach {h.name}")
 
 
-def reattach(st: LabState, h: HostSpec) -> None:
+def reattach(st: LabState, h: PlannedHost) -> None:
     docker = Docker()
     name = st.paths.container(h.name)
     attached = docker("inspect", "--format", "{{json .NetworkSettings.Networks}}", name).stdout

@@ -30,7 +30,7 @@ FIRST_HOST_OCTET = 10
 
 
 @dataclass(frozen=True)
-class HostSpec:
+class PlannedHost:
     name: str
     index: int
     ip: str
@@ -46,7 +46,7 @@ class HostSpec:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> HostSpec:
+    def from_json(cls, doc: dict[str, Any]) -> PlannedHost:
         return cls(
             **{k: doc[k] for k in ("name", "index", "ip", "profile", "gpu_count")},
             os=doc.get("os", distros.CONTROL_PLANE_FLAVOUR),
@@ -69,7 +69,7 @@ def known_profiles() -> dict[str, int]:
     return {name: int(p.gpu_count) for name, p in mod.PROFILES.items() if int(p.gpu_count) > 0}
 
 
-def profile_document(spec: HostSpec) -> dict[str, Any]:
+def profile_document(spec: PlannedHost) -> dict[str, Any]:
     """profile.json for a host, as the in-host emulation reads it."""
     mod = sim_profiles()
     if spec.profile not in mod.PROFILES:
@@ -129,9 +129,9 @@ def plan(
     count: int,
     net: ipaddress.IPv4Network,
     profiles: list[str] | None,
-    existing: dict[str, HostSpec],
+    existing: dict[str, PlannedHost],
     oses: list[str] | None = None,
-) -> list[HostSpec]:
+) -> list[PlannedHost]:
     """The hosts a lab should have: existing ones keep their profile and OS unless --profiles / --os say
     otherwise."""
     workers = count - 1
@@ -140,7 +140,7 @@ def plan(
             f"--profiles: {len(profiles)} profiles for {workers} GPU host(s); use --hosts {len(profiles) + 1}"
         )
     gpu_counts = known_profiles()
-    specs: list[HostSpec] = []
+    specs: list[PlannedHost] = []
     for index in range(count):
         name = host_name(index)
         if index == 0:
@@ -162,5 +162,7 @@ def plan(
         else:
             order = distros.DEFAULT_WORKER_FLAVOURS
             os_name = order[(index - 1) % len(order)]
-        specs.append(HostSpec(name, index, host_ip(net, index), profile, gpu_counts.get(profile, 0), os_name))
+        specs.append(
+            PlannedHost(name, index, host_ip(net, index), profile, gpu_counts.get(profile, 0), os_name)
+        )
     return specs

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprov_lab import paths
-from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.plan import PlannedHost
 from provisioner.errors import InputError
 
 FORMAT = 1
@@ -28,7 +28,7 @@ class LabState:
     mirror_port: int
     images: dict[str, str] = field(default_factory=dict)  # Debian release → host image tag
     mirror_dir: str = ""
-    hosts: list[HostSpec] = field(default_factory=list)
+    hosts: list[PlannedHost] = field(default_factory=list)
 
     @property
     def paths(self) -> paths.LabPaths:
@@ -42,7 +42,7 @@ class LabState:
     def mirror_url(self) -> str:
         return f"http://{self.gateway}:{self.mirror_port}"
 
-    def host(self, name: str) -> HostSpec:
+    def host(self, name: str) -> PlannedHost:
         for h in self.hosts:
             if h.name == name:
                 return h
@@ -87,7 +87,7 @@ def load(name: str) -> LabState | None:
         mirror_port=int(doc["mirror_port"]),
         images=dict(doc.get("images") or {}),
         mirror_dir=doc.get("mirror_dir", ""),
-        hosts=[HostSpec.from_json(h) for h in doc.get("hosts", [])],
+        hosts=[PlannedHost.from_json(h) for h in doc.get("hosts", [])],
     )
 
 

@@ -86,7 +86,7 @@ def test_dependency_relations_are_split_into_alternatives() -> None:
 
 def _state(hosts: list[tuple[str, str, int]]) -> LabState:
     net = ipaddress.IPv4Network("10.213.99.0/24")
-    specs = [plan.HostSpec(n, i, plan.host_ip(net, i), p, g) for i, (n, p, g) in enumerate(hosts)]
+    specs = [plan.PlannedHost(n, i, plan.host_ip(net, i), p, g) for i, (n, p, g) in enumerate(hosts)]
     return LabState(name="unit", subnet=str(net), gateway=plan.gateway(net), mirror_port=8080, hosts=specs)
 
 

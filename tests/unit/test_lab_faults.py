@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from gpuprov_lab import faults
 from gpuprov_lab.errors import LabError
-from gpuprov_lab.plan import HostSpec
+from gpuprov_lab.plan import PlannedHost
 from gpuprov_lab.sim import kube_let
 from gpuprov_lab.state import LabState
 
@@ -16,7 +16,7 @@ from gpuprov_lab.state import LabState
 def _lab() -> LabState:
     return LabState(
         name="t", subnet="10.9.0.0/24", gateway="10.9.0.1", mirror_port=1,
-        hosts=[HostSpec("cp1", 1, "10.9.0.11", "cpu", 0), HostSpec("gpu1", 2, "10.9.0.12", "h200", 1)],
+        hosts=[PlannedHost("cp1", 1, "10.9.0.11", "cpu", 0), PlannedHost("gpu1", 2, "10.9.0.12", "h200", 1)],
     )  # fmt: skip
 
 
