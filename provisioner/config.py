@@ -2,9 +2,10 @@
 
 The roles' knobs are declared once, in each role's `meta/argument_specs.yml`. Ansible checks them too,
 but only once a play has started on the hosts (facts gathered, connections open). gpuprov reads the same
-specs and checks every role-prefixed variable the inventory gives each selected host first: unknown keys
-(typos that would silently fall back to a default), wrong types and values outside `choices` are bad
-input (exit 2) and the error names the file and the key.
+specs and checks every role-prefixed variable the inventory gives each selected host first, with
+Ansible's own ArgumentSpecValidator (types, choices, list elements): unknown keys (typos that would
+silently fall back to a default), wrong types and values outside `choices` are bad input (exit 2) and the
+error names the file and the key. What the specs cannot say is in "rules beyond argument_specs" below.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ GLOBAL_KNOBS: dict[str, str] = {
     "gpuprov_mirror_key_fingerprint": "str",
     "gpuprov_reboot_allowed": "bool",
 }
+_GLOBAL = "gpuprov"  # the validator of GLOBAL_KNOBS, next to the roles' own
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,29 @@ class Knob:
     choices: tuple[Any, ...] = ()
     elements: str | None = None
 
+    def argument_spec(self) -> dict[str, Any]:
+        """This knob as ArgumentSpecValidator takes it: type, choices, elements. Not `required` nor
+        `default`: the inventory overrides some knobs and leaves the rest to the role's defaults (and a
+        helper role's required options come from the role that includes it), so only the knobs it sets
+        are checked."""
+        spec: dict[str, Any] = {"type": self.type}
+        if self.choices:
+            spec["choices"] = list(self.choices)
+        if self.elements:
+            spec["elements"] = self.elements
+        return spec
+
 
 @dataclass
 class RoleSpecs:
-    """The knobs of every role, by name, and the role prefixes that claim a variable."""
+    """The knobs of every role, by name, the role prefixes that claim a variable, and one
+    ArgumentSpecValidator per role (built once, used for every host)."""
 
     knobs: dict[str, Knob] = field(default_factory=dict)
     prefixes: dict[str, str] = field(default_factory=dict)  # "nvidia_driver_" -> "nvidia_driver"
+    _validators: dict[str, Any] = field(default_factory=dict, repr=False)
+    # (role, repr of the knobs a host sets) -> problems: a fleet's hosts mostly share their group_vars
+    _checked: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict, repr=False)
 
     def owner(self, var: str) -> str | None:
         """The role whose prefix the variable carries (longest prefix wins)."""
@@ -53,10 +71,32 @@ class RoleSpecs:
                 best = (prefix, role)
         return best[1] if best else None
 
+    def knob(self, role: str, name: str) -> Knob | None:
+        if role == _GLOBAL:
+            kind = GLOBAL_KNOBS.get(name)
+            return None if kind is None else Knob(role=_GLOBAL, name=name, type=kind)
+        knob = self.knobs.get(name)
+        return knob if knob is not None and knob.role == role else None
+
+    def validator(self, role: str) -> Any:
+        """The role's ArgumentSpecValidator (GLOBAL_KNOBS' for "gpuprov"), built on first use."""
+        validator = self._validators.get(role)
+        if validator is None:
+            from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+            if role == _GLOBAL:
+                knobs = [Knob(role=_GLOBAL, name=n, type=t) for n, t in GLOBAL_KNOBS.items()]
+            else:
+                knobs = [k for k in self.knobs.values() if k.role == role]
+            validator = ArgumentSpecValidator({k.name: k.argument_spec() for k in knobs})
+            self._validators[role] = validator
+        return validator
+
 
 @cache
 def load_role_specs(roles_dir: Path = ROLES_DIR) -> RoleSpecs:
-    """Read every role's argument specs (all entry points)."""
+    """Read every role's argument specs. A role's entry points (main, upgrade, ...) share one validator:
+    the inventory sets a knob for the role, whichever entry point runs."""
     specs = RoleSpecs()
     if not roles_dir.is_dir():
         return specs
@@ -77,20 +117,9 @@ def load_role_specs(roles_dir: Path = ROLES_DIR) -> RoleSpecs:
                     choices=tuple(opt.get("choices") or ()),
                     elements=opt.get("elements"),
                 )
+    for role in [*sorted(set(specs.prefixes.values())), _GLOBAL]:
+        specs.validator(role)
     return specs
-
-
-_TYPE_CHECKS: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "path": (str,),
-    "raw": (object,),
-    "bool": (bool,),
-    "int": (int,),
-    "float": (int, float),
-    "list": (list,),
-    "dict": (dict,),
-}
-_BOOL_STRINGS = {"yes", "no", "true", "false", "on", "off", "1", "0"}
 
 
 def yaml_kind(value: Any) -> str:
@@ -108,25 +137,6 @@ def yaml_kind(value: Any) -> str:
 
 def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
-
-
-def _type_error(value: Any, kind: str) -> str | None:
-    """Why `value` does not fit Ansible's argument-spec `kind` (None when it fits)."""
-    if value is None or _templated(value) or kind not in _TYPE_CHECKS:
-        return None
-    if kind == "bool":
-        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in _BOOL_STRINGS):
-            return None
-        return f"expected a boolean, got {value!r}"
-    if kind in ("int", "float") and isinstance(value, bool):
-        return f"expected {kind}, got {value!r}"
-    if kind == "int" and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return None
-    if kind == "str" and isinstance(value, int | float) and not isinstance(value, bool):
-        return None  # Ansible converts numbers to strings for str options (e.g. branch: 580)
-    if not isinstance(value, _TYPE_CHECKS[kind]):
-        return f"expected {kind}, got {yaml_kind(value)} {str(value)[:80]!r}"
-    return None
 
 
 def _where(inventory: Path, key: str) -> str:
@@ -155,13 +165,42 @@ def _where(inventory: Path, key: str) -> str:
     return str(inventory)
 
 
-# Value formats the roles assert only once connected (roles/nvidia_driver/vars/main.yml,
-# __nvidia_driver_argument_checks): the same patterns, checked before any host is touched.
+# ------------------------------------------------------------------------ rules beyond argument_specs
+# Everything gpuprov checks that a role's meta/argument_specs.yml cannot say (Ansible's spec language
+# has types, choices, elements and required: no patterns, no ranges, no rule across two knobs) lives
+# here, and only here. (ansible_port's 1-65535 is Ansible's connection variable, not a role knob: it is
+# checked where the inventory is read, provisioner.inventory.)
+#
+# 1. YAML_SHAPES: what a value must already be in the inventory, per spec type. ArgumentSpecValidator
+#    *converts* ("a,b" -> ["a", "b"], "k=v" -> {"k": "v"}, [1] -> "[1]", true -> "True"), but the role
+#    never gets the converted value: it reads the variable as the inventory wrote it, and would loop over
+#    the letters of "nvidia". So a list must be a YAML list, a mapping a mapping, a str a scalar (numbers
+#    print as written: branch: 580). Which scalars fit (is "maybe" a boolean, "many" an int) is left to
+#    ArgumentSpecValidator, which reads them as Ansible does. Types not listed ("raw") take anything.
+YAML_SHAPES: dict[str, tuple[str, ...]] = {
+    "str": ("string", "integer", "number"),
+    "path": ("string",),
+    "bool": ("boolean", "string"),
+    "int": ("integer", "string"),
+    "float": ("integer", "number"),
+    "list": ("list",),
+    "dict": ("mapping",),
+}
+
+# 2. VALUE_FORMATS: patterns the roles assert only once connected (roles/nvidia_driver/vars/main.yml,
+#    __nvidia_driver_argument_checks): the same patterns, checked before any host is touched.
 VALUE_FORMATS: dict[str, tuple[str, str]] = {
     "nvidia_driver_branch": (r"[0-9]{3}", 'a driver branch like "580"'),
     "nvidia_driver_version": (r"[0-9]{3}\.[0-9]+(\.[0-9]+)?", 'a full driver version like "580.159.04"'),
     "nvidia_driver_package_revision": (r"(-[0-9A-Za-z.+~]+)?", 'empty or a revision like "-1"'),
 }
+
+
+def _shape_problem(knob: Knob, value: Any) -> str | None:
+    shapes = YAML_SHAPES.get(knob.type)
+    if shapes is None or value is None or yaml_kind(value) in shapes:
+        return None
+    return _expected(knob.type, value)
 
 
 def _format_problem(key: str, value: Any) -> str | None:
@@ -173,41 +212,9 @@ def _format_problem(key: str, value: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Problem:
-    host: str
-    key: str
-    message: str
-
-
-def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> list[Problem]:
-    """Problems with one host's role and global knobs."""
-    problems: list[Problem] = []
-    for key, value in sorted(hostvars.items()):
-        if key.startswith("gpuprov_"):
-            if key not in GLOBAL_KNOBS:
-                problems.append(Problem(host, key, f"unknown setting (known: {', '.join(GLOBAL_KNOBS)})"))
-            elif why := _type_error(value, GLOBAL_KNOBS[key]):
-                problems.append(Problem(host, key, why))
-            continue
-        role = specs.owner(key)
-        if role is None:
-            continue
-        knob = specs.knobs.get(key)
-        if knob is None:
-            near = sorted(k for k in specs.knobs if specs.knobs[k].role == role and _close(k, key))
-            hint = f"; did you mean {near[0]}?" if near else ""
-            problems.append(Problem(host, key, f"unknown setting for role {role}{hint}"))
-            continue
-        if why := _type_error(value, knob.type) or _format_problem(key, value):
-            problems.append(Problem(host, key, why))
-            continue
-        if knob.choices and not _templated(value):
-            values = value if isinstance(value, list) else [value]
-            bad = [v for v in values if v not in knob.choices and str(v) not in map(str, knob.choices)]
-            if bad:
-                allowed = ", ".join(map(str, knob.choices))
-                problems.append(Problem(host, key, f"{bad[0]!r} is not one of: {allowed}"))
+# 3. Rules across knobs: (knob, why) for each one broken.
+def _cross_key_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
     branch, version = hostvars.get("nvidia_driver_branch"), hostvars.get("nvidia_driver_version")
     if (
         branch is not None
@@ -218,9 +225,121 @@ def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> li
         and not _templated(version)
         and str(version).split(".")[0] != str(branch)
     ):
-        why = f"{version} is not in branch {branch} (nvidia_driver_branch)"
-        problems.append(Problem(host, "nvidia_driver_version", why))
+        problems.append(
+            ("nvidia_driver_version", f"{version} is not in branch {branch} (nvidia_driver_branch)")
+        )
     return problems
+
+
+# ------------------------------------------------------------------------------------ checking a host
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    key: str
+    message: str
+
+
+def _expected(kind: str, value: Any) -> str:
+    """`value` is not of the spec's `kind`, in YAML's words."""
+    if kind == "bool":
+        return f"expected a boolean, got {value!r}"
+    if kind in ("int", "float") and isinstance(value, bool):
+        return f"expected {kind}, got {value!r}"
+    return f"expected {kind}, got {yaml_kind(value)} {str(value)[:80]!r}"
+
+
+def _not_a_choice(knob: Knob, value: Any) -> str:
+    values = value if isinstance(value, list) else [value]
+    bad = [v for v in values if v not in knob.choices and str(v) not in map(str, knob.choices)]
+    return f"{(bad or [value])[0]!r} is not one of: {', '.join(map(str, knob.choices))}"
+
+
+# Which knob each of ArgumentSpecValidator's errors is about (its messages name it; the classes do not).
+_ERROR_KEY = re.compile(
+    r"argument '(?P<a>[^']+)' is of type"  # ArgumentTypeError
+    r"|Elements value for option '(?P<b>[^']+)'"  # ElementError
+    r"|value of (?P<c>\S+) must be one"  # ArgumentValueError (choices)
+)
+
+
+def _plain(value: Any) -> Any:
+    """`value` without Ansible's tags (its origin, on every string, int, list and dict of an inventory):
+    the validator deep-copies what it is given, and copying the tags costs twenty times the check."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    for kind in (bool, str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
+def _role_problems(role: str, params: dict[str, Any], specs: RoleSpecs) -> dict[str, str]:
+    """{knob: why} for the knobs of one role (or the global ones) that one host sets (plain values)."""
+    from ansible.module_utils.errors import ArgumentValueError, UnsupportedError
+
+    result = specs.validator(role).validate(params)
+    problems: dict[str, str] = {}
+    type_errors: dict[str, str] = {}
+    value_errors: dict[str, str] = {}
+    for error in result.errors.errors:
+        if isinstance(error, UnsupportedError):
+            continue  # result.unsupported_parameters names them
+        match = _ERROR_KEY.search(error.msg)
+        key = match and (match["a"] or match["b"] or match["c"])
+        if key not in params:  # a wording this Ansible does not use: its own words, then
+            problems.setdefault(f"{role}_*", error.msg)
+            continue
+        target = value_errors if isinstance(error, ArgumentValueError) else type_errors
+        target.setdefault(key, type(error).__name__)  # ArgumentTypeError, ElementError
+    for key, value in params.items():
+        knob = specs.knob(role, key)
+        if key in result.unsupported_parameters or knob is None:
+            if role == _GLOBAL:
+                problems[key] = f"unknown setting (known: {', '.join(GLOBAL_KNOBS)})"
+            else:
+                near = sorted(k for k in specs.knobs if specs.knobs[k].role == role and _close(k, key))
+                hint = f"; did you mean {near[0]}?" if near else ""
+                problems[key] = f"unknown setting for role {role}{hint}"
+        elif why := _shape_problem(knob, value):
+            problems[key] = why
+        elif type_errors.get(key) == "ArgumentTypeError":
+            problems[key] = _expected(knob.type, value)
+        elif key in type_errors and not any(_templated(v) for v in value):  # ElementError
+            problems[key] = f"expected a list of {knob.elements}, got {str(value)[:80]}"
+        elif why := _format_problem(key, value):
+            problems[key] = why
+        elif key in value_errors:
+            problems[key] = _not_a_choice(knob, value)
+    return problems
+
+
+def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> list[Problem]:
+    """Problems with one host's role and global knobs."""
+    by_role: dict[str, dict[str, Any]] = {}
+    for key, value in hostvars.items():
+        role = _GLOBAL if key.startswith("gpuprov_") else specs.owner(key)
+        if role is None:
+            continue
+        if _templated(value) and specs.knob(role, key) is not None:
+            continue  # a template is Ansible's to render; its result is checked by the role
+        by_role.setdefault(role, {})[key] = value
+    problems: dict[str, str] = {}
+    for role, params in by_role.items():
+        plain = _plain(params)
+        seen = (role, repr(plain))
+        if seen not in specs._checked:
+            if len(specs._checked) > 4096:
+                specs._checked.clear()
+            specs._checked[seen] = _role_problems(role, plain, specs)
+        problems.update(specs._checked[seen])
+    found = [Problem(host, key, problems[key]) for key in sorted(problems)]
+    return found + [Problem(host, key, why) for key, why in _cross_key_problems(hostvars)]
 
 
 def _close(a: str, b: str) -> bool:

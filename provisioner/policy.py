@@ -12,10 +12,11 @@ be known (which driver version *should* this be?) makes its check `skip` with th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from provisioner.errors import InputError
 from provisioner.expectations import CONTAINER_ENGINES, Expectations
@@ -23,126 +24,181 @@ from provisioner.probes import SERVICE_UNITS
 from provisioner.yamlfile import load_strict
 
 # --------------------------------------------------------------------------------------- validation
-
-Validator = Callable[[Any, str], Any]
-
-
-def _bool(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise InputError(f"{where}: expected true or false, got {value!r}")
+# The schema is pydantic models (_schema() below); the value formats they check are these functions,
+# which return the value as the checks want it or raise ValueError with the words a user reads.
 
 
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 64:
-        return value
-    raise InputError(f"{where}: expected a whole number of GPUs (0-64), got {value!r}")
-
-
-def _driver_version(value: Any, where: str) -> str:
+def _driver_version(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if isinstance(value, str) and re.fullmatch(r"\d{3}(\.\d+){0,2}", value.strip()):
         return value.strip()
     if isinstance(value, float):
-        raise InputError(f'{where}: quote the version (YAML reads {value!r} as a number): "580.159.04"')
-    raise InputError(
-        f'{where}: expected a driver branch like "580" or an exact version like "580.159.04", got {value!r}'
+        raise ValueError(f'quote the version (YAML reads {value!r} as a number): "580.159.04"')
+    raise ValueError(
+        f'expected a driver branch like "580" or an exact version like "580.159.04", got {value!r}'
     )
 
 
-def _cuda_version(value: Any, where: str) -> str:
+def _cuda_version(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"\d+\.\d+(\.\d+)?", value.strip()):
         return value.strip()
     if isinstance(value, float | int) and not isinstance(value, bool):
-        raise InputError(
-            f'{where}: quote the version (YAML reads {value!r} as a number; 12.10 would be 12.1): "13.0"'
-        )
-    raise InputError(f'{where}: expected a CUDA version like "13.0", got {value!r}')
+        raise ValueError(f'quote the version (YAML reads {value!r} as a number; 12.10 would be 12.1): "13.0"')
+    raise ValueError(f'expected a CUDA version like "13.0", got {value!r}')
 
 
-def _str_list(what: str, pattern: str | None = None, choices: Iterable[str] | None = None) -> Validator:
+def _str_list(what: str, pattern: str | None = None, choices: Iterable[str] | None = None) -> Any:
     allowed = tuple(choices) if choices is not None else None
 
-    def check(value: Any, where: str) -> tuple[str, ...]:
+    def check(value: Any) -> tuple[str, ...]:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise InputError(f"{where}: expected a list of {what}, got {value!r}")
+            raise ValueError(f"expected a list of {what}, got {value!r}")
         out = tuple(v.strip() for v in value)
         for v in out:
             if pattern and not re.fullmatch(pattern, v):
-                raise InputError(f"{where}: {v!r} is not a valid {what}")
+                raise ValueError(f"{v!r} is not a valid {what}")
             if allowed is not None and v not in allowed:
-                raise InputError(f"{where}: {v!r} is not one of {', '.join(allowed)}")
+                raise ValueError(f"{v!r} is not one of {', '.join(allowed)}")
         return out
 
     return check
 
 
-def _os_list(value: Any, where: str) -> tuple[str, ...]:
-    out = _str_list('OS names like "ubuntu 24.04"', r"[a-z][a-z0-9._-]* \d+(\.\d+)?")(
-        [v.lower() if isinstance(v, str) else v for v in value] if isinstance(value, list) else value, where
-    )
-    return out
+def _os_list(value: Any) -> tuple[str, ...]:
+    lowered = [v.lower() if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+    return _str_list('OS names like "ubuntu 24.04"', r"[a-z][a-z0-9._-]* \d+(\.\d+)?")(lowered)
 
 
 # NVIDIA's Xid catalog numbers its events from 1 into the low hundreds.
 XID_RANGE = range(1, 1000)
 
 
-def _xid_list(value: Any, where: str) -> tuple[int, ...]:
+def _xid_list(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise InputError(f"{where}: expected a list of Xid numbers, got {str(value)[:80]}")
+        raise ValueError(f"expected a list of Xid numbers, got {str(value)[:80]}")
     bad = [v for v in value if v not in XID_RANGE]
     if bad:
-        raise InputError(f"{where}: {bad[0]} is not an Xid (Xids are {XID_RANGE.start}-{XID_RANGE.stop - 1})")
+        raise ValueError(f"{bad[0]} is not an Xid (Xids are {XID_RANGE.start}-{XID_RANGE.stop - 1})")
     return tuple(value)
 
 
-def _image(value: Any, where: str) -> str:
+def _image(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", value.strip()):
         return value.strip()
-    raise InputError(f"{where}: expected a container image reference, got {value!r}")
+    raise ValueError(f"expected a container image reference, got {value!r}")
 
 
-def _check_ids(value: Any, where: str) -> tuple[str, ...]:
+def _check_ids(value: Any) -> tuple[str, ...]:
     from provisioner.checks import CHECK_IDS
 
-    return _str_list("check ids", choices=CHECK_IDS)(value, where)
+    return _str_list("check ids", choices=CHECK_IDS)(value)
 
 
-# policy key → (Expectations field, validator, one-line meaning for docs and errors)
-KEYS: dict[str, tuple[str, Validator, str]] = {
-    "os.supported": ("os_supported", _os_list, 'supported OS list, e.g. ["ubuntu 24.04", "debian 12"]'),
-    "gpu.present": ("gpu_present", _bool, "an NVIDIA GPU must be on the PCI bus"),
-    "gpu.count": ("gpu_count", _count, "GPUs expected on the PCI bus and seen by the driver"),
-    "driver.version": ("driver_version", _driver_version, 'driver branch ("580") or exact version'),
-    "cuda.version": ("cuda_version", _cuda_version, 'CUDA toolkit release at /usr/local/cuda ("13.0")'),
-    "gpu.persistence": ("gpu_persistence", _bool, "persistence mode enabled (default true)"),
-    "gpu.ecc": ("gpu_ecc", _bool, "ECC enabled (default: where the GPU supports it)"),
-    "packages.held": (
-        "packages_held",
-        _str_list("package names or globs", r"[a-z0-9*?][a-z0-9.+*?:-]*"),
-        "packages that must be on hold",
+class Key(NamedTuple):
+    field: str  # the Expectations field it sets
+    meaning: str  # one line, for docs and errors
+
+
+# policy key → (Expectations field, meaning). The models in _schema() have one field per key, by alias.
+KEYS: dict[str, Key] = {
+    "os.supported": Key("os_supported", 'supported OS list, e.g. ["ubuntu 24.04", "debian 12"]'),
+    "gpu.present": Key("gpu_present", "an NVIDIA GPU must be on the PCI bus"),
+    "gpu.count": Key("gpu_count", "GPUs expected on the PCI bus and seen by the driver"),
+    "driver.version": Key("driver_version", 'driver branch ("580") or exact version'),
+    "cuda.version": Key("cuda_version", 'CUDA toolkit release at /usr/local/cuda ("13.0")'),
+    "gpu.persistence": Key("gpu_persistence", "persistence mode enabled (default true)"),
+    "gpu.ecc": Key("gpu_ecc", "ECC enabled (default: where the GPU supports it)"),
+    "packages.held": Key("packages_held", "packages that must be on hold"),
+    "services.active": Key("services_active", "units that must be active"),
+    "container_toolkit.runtime": Key(
+        "container_toolkit_runtime", "engines whose config must have the nvidia runtime"
     ),
-    "services.active": (
-        "services_active",
-        _str_list("units", choices=SERVICE_UNITS),
-        "units that must be active",
-    ),
-    "container_toolkit.runtime": (
-        "container_toolkit_runtime",
-        _str_list("engines", choices=CONTAINER_ENGINES),
-        "engines whose config must have the nvidia runtime",
-    ),
-    "k8s.node": ("k8s_node", _bool, "host must be a Ready Kubernetes node"),
-    "gpu.xid.ignore": ("xid_ignore", _xid_list, "Xids reported but not counted"),
-    "container.smoke_image": ("container_smoke_image", _image, "image for the container smoke test"),
-    "dcgm.diag": ("dcgm_diag", _bool, "run DCGM diagnostic level 1 where dcgmi is installed"),
-    "checks.skip": ("skip_checks", _check_ids, "check ids not to evaluate"),
+    "k8s.node": Key("k8s_node", "host must be a Ready Kubernetes node"),
+    "gpu.xid.ignore": Key("xid_ignore", "Xids reported but not counted"),
+    "container.smoke_image": Key("container_smoke_image", "image for the container smoke test"),
+    "dcgm.diag": Key("dcgm_diag", "run DCGM diagnostic level 1 where dcgmi is installed"),
+    "checks.skip": Key("skip_checks", "check ids not to evaluate"),
 }
 _RESERVED = ("groups", "hosts")
+
+# What a user reads when pydantic's own types refuse a value (the format functions above word theirs).
+_TYPE_MESSAGES: dict[str, str] = {
+    "gpu.count": "expected a whole number of GPUs (0-64), got {value!r}",
+    "gpu.present": "expected true or false, got {value!r}",
+    "gpu.persistence": "expected true or false, got {value!r}",
+    "gpu.ecc": "expected true or false, got {value!r}",
+    "k8s.node": "expected true or false, got {value!r}",
+    "dcgm.diag": "expected true or false, got {value!r}",
+}
+
+
+def _members(section: str) -> Any:
+    """groups: and hosts: map a name to a block of keys (names as strings, as the inventory has them)."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a mapping of {section[:-1]} name → keys")
+        return {str(name): keys for name, keys in value.items()}
+
+    return check
+
+
+@cache
+def _schema() -> tuple[Any, Any]:
+    """The policy's pydantic models: (one block of keys, the whole file). Built on first use: pydantic
+    takes 0.1-0.2 s to import, which only a policy's readers (verify, check) should pay."""
+    from typing import Annotated
+
+    from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+
+    def key(name: str) -> Any:
+        return Field(None, alias=name)
+
+    def formatted(kind: Any, check: Any) -> Any:
+        return Annotated[kind, BeforeValidator(check)]
+
+    class Block(BaseModel):
+        """Policy keys: the top level's, a group's or a host's. null (None) unsets a key set by an
+        outer layer; an unknown key is refused (extra="forbid")."""
+
+        model_config = ConfigDict(extra="forbid")
+
+        os_supported: formatted(tuple[str, ...], _os_list) | None = key("os.supported")
+        gpu_present: StrictBool | None = key("gpu.present")
+        gpu_count: Annotated[int, Field(strict=True, ge=0, le=64)] | None = key("gpu.count")
+        driver_version: formatted(str, _driver_version) | None = key("driver.version")
+        cuda_version: formatted(str, _cuda_version) | None = key("cuda.version")
+        gpu_persistence: StrictBool | None = key("gpu.persistence")
+        gpu_ecc: StrictBool | None = key("gpu.ecc")
+        packages_held: (
+            formatted(tuple[str, ...], _str_list("package names or globs", r"[a-z0-9*?][a-z0-9.+*?:-]*"))
+            | None
+        ) = key("packages.held")
+        services_active: formatted(tuple[str, ...], _str_list("units", choices=SERVICE_UNITS)) | None = key(
+            "services.active"
+        )
+        container_toolkit_runtime: (
+            formatted(tuple[str, ...], _str_list("engines", choices=CONTAINER_ENGINES)) | None
+        ) = key("container_toolkit.runtime")
+        k8s_node: StrictBool | None = key("k8s.node")
+        xid_ignore: formatted(tuple[int, ...], _xid_list) | None = key("gpu.xid.ignore")
+        container_smoke_image: formatted(str, _image) | None = key("container.smoke_image")
+        dcgm_diag: StrictBool | None = key("dcgm.diag")
+        skip_checks: formatted(tuple[str, ...], _check_ids) | None = key("checks.skip")
+
+    class File(Block):
+        """A policy file: top-level keys, then per-group and per-host blocks."""
+
+        groups: formatted(dict[str, Block | None], _members("groups")) | None = None
+        hosts: formatted(dict[str, Block | None], _members("hosts")) | None = None
+
+    assert {f.alias for f in Block.model_fields.values()} == set(KEYS)
+    return Block, File
 
 
 def _suggest(key: str) -> str:
@@ -152,23 +208,66 @@ def _suggest(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _problem(error: Any, where: str) -> str:
+    """One of pydantic's errors, as "key.path: message" (the key path from `where` down)."""
+    value, kind = error["input"], error["type"]
+    loc = tuple(str(part) for part in error["loc"])
+    if kind == "invalid_key":  # a key that is no string (YAML's 1, true, null): the key is the input
+        loc = (*loc[:-1], str(value))
+    at = ".".join(part for part in (where, *loc) if part) or "policy"
+    if kind in ("extra_forbidden", "invalid_key"):
+        return f"{at}: unknown key{_suggest(loc[-1])}; keys: {', '.join(KEYS)}"
+    if kind == "value_error":
+        return f"{at}: {error['ctx']['error']}"
+    if kind in ("model_type", "model_attributes_type"):
+        from provisioner.config import yaml_kind
+
+        return f"{at}: expected a mapping of policy keys, got {yaml_kind(value)}"
+    template = _TYPE_MESSAGES.get(loc[-1]) if loc else None
+    return f"{at}: {template.format(value=value)}" if template else f"{at}: {error['msg']}, got {value!r}"
+
+
+def _first(errors: list[Any], doc: Any, sections: bool) -> Any:
+    """The error a reader meets first: top-level keys before groups: before hosts: (with `sections`),
+    then in the document's order."""
+
+    def position(error: Any) -> tuple[int, list[int]]:
+        loc = error["loc"]
+        if error["type"] == "invalid_key":
+            loc = (*loc[:-1], error["input"])
+        rank = _RESERVED.index(loc[0]) + 1 if sections and loc and loc[0] in _RESERVED else 0
+        steps, node = [], doc
+        for part in loc:
+            names = [str(k) for k in node] if isinstance(node, Mapping) else []
+            if str(part) not in names:
+                break
+            steps.append(names.index(str(part)))
+            node = list(node.values())[steps[-1]]
+        return rank, steps
+
+    return min(errors, key=position)
+
+
+def _validated(model: Any, mapping: Any, where: str, *, sections: bool) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(mapping)
+    except ValidationError as exc:
+        raise InputError(_problem(_first(exc.errors(), mapping, sections), where)) from None
+
+
+def _keys_set(block: Any, mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """{policy key: validated value} for the keys the block sets (None: unset), in the file's order."""
+    return {k: getattr(block, KEYS[k].field) for k in mapping if k in KEYS}
+
+
 def validate_expectations(mapping: Any, where: str) -> dict[str, Any]:
     """Check one block of policy keys; return {policy key: validated value}."""
     if mapping is None:
         return {}
-    if not isinstance(mapping, Mapping):
-        from provisioner.config import yaml_kind
-
-        kind = yaml_kind(mapping)
-        raise InputError(f"{where or 'policy'}: expected a mapping of policy keys, got {kind}")
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if not isinstance(key, str) or key not in KEYS:
-            at = f"{where}.{key}" if where else str(key)
-            raise InputError(f"{at}: unknown key{_suggest(str(key))}; keys: {', '.join(KEYS)}")
-        # null removes an expectation set by an outer layer (back to the default)
-        out[key] = None if value is None else KEYS[key][1](value, f"{where}.{key}" if where else key)
-    return out
+    block, _file = _schema()
+    return _keys_set(_validated(block, mapping, where, sections=False), mapping)
 
 
 # ------------------------------------------------------------------------------------------- policy
@@ -193,7 +292,7 @@ class Policy:
         defaults = Expectations()
         for where, keys in layers:
             for key, value in keys.items():
-                name = KEYS[key][0]
+                name = KEYS[key].field
                 if value is None:
                     setattr(exp, name, getattr(defaults, name))
                     exp.sources.pop(key, None)
@@ -221,25 +320,17 @@ def policy_from_mapping(doc: Any, path: Path | None = None) -> Policy:
     name = str(path) if path else "policy"
     if not isinstance(doc, Mapping):
         raise InputError(f'{name}: a policy is a mapping of keys (driver.version: "580", ...)')
-    base = {k: v for k, v in doc.items() if k not in _RESERVED}
-    policy = Policy(path=path)
+    _block, policy_file = _schema()
     # Error messages name the file first, then the key path.
     try:
-        policy.base = validate_expectations(base, "")
+        parsed = _validated(policy_file, doc, "", sections=True)
     except InputError as exc:
         raise InputError(f"{name}: {exc}") from None
-    for section in _RESERVED:
-        block = doc.get(section)
-        if block is None:
-            continue
-        if not isinstance(block, Mapping):
-            raise InputError(f"{name}: {section}: expected a mapping of {section[:-1]} name → keys")
-        target = policy.groups if section == "groups" else policy.hosts
-        for member, keys in block.items():
-            try:
-                target[str(member)] = validate_expectations(keys, f"{section}.{member}")
-            except InputError as exc:
-                raise InputError(f"{name}: {exc}") from None
+    policy = Policy(path=path, base=_keys_set(parsed, doc))
+    for section, target in (("groups", policy.groups), ("hosts", policy.hosts)):
+        given = {str(member): keys for member, keys in (doc.get(section) or {}).items()}
+        for member, block in (getattr(parsed, section) or {}).items():
+            target[member] = _keys_set(block, given[member]) if block is not None else {}
     return policy
 
 

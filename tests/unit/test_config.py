@@ -91,3 +91,95 @@ def test_real_roles_specs_load() -> None:
     # every role with a spec claims its own prefix
     for role in specs.prefixes.values():
         assert (Path("roles") / role / "meta" / "argument_specs.yml").is_file()
+
+
+# ArgumentSpecValidator does the checking; what it converts but the role would never see converted is
+# refused (config.YAML_SHAPES), and it is built once per role, not once per host.
+TYPED_SPEC = """
+argument_specs:
+  main:
+    options:
+      typed_ports: {type: list, elements: int}
+      typed_options: {type: dict}
+      typed_name: {type: str}
+      typed_dir: {type: path}
+      typed_any: {type: raw}
+  upgrade:
+    options:
+      typed_extra: {type: bool}
+"""
+
+
+@pytest.fixture
+def typed_roles(tmp_path: Path) -> Path:
+    meta = tmp_path / "typed_roles" / "typed" / "meta"
+    meta.mkdir(parents=True)
+    (meta / "argument_specs.yml").write_text(TYPED_SPEC)
+    return tmp_path / "typed_roles"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expect"),
+    [
+        ("typed_ports", [22, "ssh"], "typed_ports: expected a list of int, got [22, 'ssh']"),
+        ("typed_ports", "22,23", "typed_ports: expected list, got string '22,23'"),
+        ("typed_options", "a=1", "typed_options: expected dict, got string 'a=1'"),
+        ("typed_name", ["a"], "typed_name: expected str, got list \"['a']\""),
+        ("typed_name", True, "typed_name: expected str, got boolean 'True'"),
+        ("typed_dir", 5, "typed_dir: expected path, got integer '5'"),
+        ("typed_extra", "maybe", "typed_extra: expected a boolean, got 'maybe'"),
+        ("typed_extar", True, "typed_extar: unknown setting for role typed; did you mean typed_extra?"),
+    ],
+)
+def test_types_are_ansibles_but_conversions_the_role_never_sees_are_refused(
+    typed_roles: Path, key: str, value: object, expect: str
+) -> None:
+    assert problems(typed_roles, **{key: value}) == [expect]
+
+
+def test_every_entry_point_and_template_and_raw_value_passes(typed_roles: Path) -> None:
+    assert (
+        problems(
+            typed_roles,
+            typed_ports=[22, "23", "{{ extra_port }}"],
+            typed_options={"a": 1},
+            typed_name=580,
+            typed_dir="/srv",
+            typed_any=[{"x": None}],
+            typed_extra="yes",  # the upgrade entry point's knob
+        )
+        == []
+    )
+
+
+def test_a_template_is_not_checked_but_an_unknown_key_still_is(roles: Path) -> None:
+    assert problems(roles, demo_packages="{{ pkgs }}", demo_flavor="{{ flavor }}") == []
+    assert problems(roles, demo_flavour="{{ flavor }}") == [
+        "demo_flavour: unknown setting for role demo; did you mean demo_flavor?"
+    ]
+
+
+def test_one_validator_per_role_for_the_whole_fleet(
+    roles: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ansible.module_utils.common import arg_spec
+
+    specs = load_role_specs(roles)
+    built: list[object] = []
+    validated: list[object] = []
+    monkeypatch.setattr(arg_spec.ArgumentSpecValidator, "__init__", lambda *a, **k: built.append(a))
+    real_validate = arg_spec.ArgumentSpecValidator.validate
+    monkeypatch.setattr(
+        arg_spec.ArgumentSpecValidator,
+        "validate",
+        lambda self, params: validated.append(params) or real_validate(self, params),
+    )
+    (tmp_path / "fleet" / "group_vars").mkdir(parents=True)
+    (tmp_path / "fleet" / "group_vars" / "all.yml").write_text("demo_flavor: open\ndemo_count: 3\n")
+    hosts = "\n".join(f"        g{i}: {{demo_enabled: {'true' if i % 2 else 'false'}}}" for i in range(200))
+    hosts_file = tmp_path / "fleet" / "hosts.yml"
+    hosts_file.write_text(f"all:\n  children:\n    gpu_nodes:\n      hosts:\n{hosts}\n")
+    inv = load_inventory(hosts_file)
+    validate_inventory_settings(inv, inv.select(None), specs)
+    assert built == []  # built by load_role_specs, once
+    assert len(validated) <= 2  # hosts that set the same values are checked once

@@ -90,3 +90,67 @@ def test_driver_version_int_accepted_and_overrides() -> None:
     assert (changed.gpu_count, exp.gpu_count) == (4, None)
     with pytest.raises(InputError):
         with_overrides(exp, gpu_cnt=4)
+
+
+# The schema is pydantic models; what a user reads is still one problem, file first, in reading order.
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # top-level keys come before groups: and hosts:, whatever the order in the file
+        ("groups:\n  a: {gpu.count: -1}\ngpu.cnt: 8\n", "fleet.yml: gpu.cnt: unknown key"),
+        ("hosts: {h: {gpu.ecc: 1}}\ngroups: {a: {gpu.ecc: 2}}\n", "fleet.yml: groups.a.gpu.ecc: expected"),
+        # within a block, the file's order
+        ("driver.version: latest\ngpu.count: x\n", "fleet.yml: driver.version: expected a driver branch"),
+        ("gpu.count: x\ndriver.version: latest\n", "fleet.yml: gpu.count: expected a whole number"),
+        # keys that are no strings are named as YAML wrote them
+        ("true: 1\n", "fleet.yml: True: unknown key"),
+        ("groups:\n  a:\n    7: 1\n", "fleet.yml: groups.a.7: unknown key"),
+        ("gpu.count: 65\n", "fleet.yml: gpu.count: expected a whole number of GPUs (0-64), got 65"),
+        ("gpu.xid.ignore: [13, 0]\n", "fleet.yml: gpu.xid.ignore: 0 is not an Xid (Xids are 1-999)"),
+        ("container.smoke_image: '-x'\n", "fleet.yml: container.smoke_image: expected a container image"),
+        ("os.supported: [windows]\n", "fleet.yml: os.supported: 'windows' is not a valid OS names"),
+        ("gpu_count: 8\n", "fleet.yml: gpu_count: unknown key (did you mean 'gpu.count'?)"),
+    ],
+)
+def test_the_first_problem_in_reading_order_is_named(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(InputError) as exc:
+        load_policy(write(tmp_path, text))
+    assert str(exc.value).startswith(f"{tmp_path}/{message}"), str(exc.value)
+    assert str(exc.value).count("fleet.yml") == 1  # one problem, not pydantic's list of them
+
+
+def test_values_come_back_as_the_checks_want_them(tmp_path: Path) -> None:
+    text = (
+        "os.supported: ['Ubuntu 24.04']\ndriver.version: ' 580.159.04 '\ngpu.xid.ignore: [13]\n"
+        "services.active: containerd\nhosts:\n  h1:\n    checks.skip: []\n    gpu.ecc: null\n"
+    )
+    policy = load_policy(write(tmp_path, text))
+    assert policy.base == {
+        "os.supported": ("ubuntu 24.04",),
+        "driver.version": "580.159.04",
+        "gpu.xid.ignore": (13,),
+        "services.active": ("containerd",),
+    }
+    assert policy.hosts == {"h1": {"checks.skip": (), "gpu.ecc": None}}
+
+
+def test_a_block_checked_on_its_own_names_its_place() -> None:
+    from provisioner.policy import validate_expectations
+
+    assert validate_expectations({"gpu.count": 4, "k8s.node": None}, "") == {"gpu.count": 4, "k8s.node": None}
+    with pytest.raises(InputError, match=r"^groups\.a\.gpu\.count: expected a whole number"):
+        validate_expectations({"gpu.count": "4"}, "groups.a")
+    with pytest.raises(InputError, match=r"^policy: expected a mapping of policy keys, got list"):
+        validate_expectations([1], "")
+
+
+def test_pydantic_is_imported_only_to_read_a_policy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import provisioner.policy, provisioner.verification; "
+        "assert 'pydantic' not in sys.modules, 'imported early'; "
+        "provisioner.policy.policy_from_mapping({'gpu.count': 1}); assert 'pydantic' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
