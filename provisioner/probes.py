@@ -78,6 +78,27 @@ _PCI_FROM_SYSFS = r"""
     done
 """
 
+# PCI functions, loaded kernel modules, the loaded driver and Secure Boot come from the preflight role's
+# own host probe (roles/preflight/files/gpu_host_facts.py, standard library only, Python 3.8+), so the
+# role and verification read these facts one way. The probe scripts' functions are indented, which a
+# heredoc would carry into Python: the file travels base64-encoded on one line instead.
+HOST_FACTS = "host-facts.json"
+HOST_FACTS_SECTIONS = "pci,modules,driver,secure_boot"
+
+
+def _host_facts_body() -> str:
+    import base64
+
+    from provisioner.content import ROLES_DIR
+
+    source = (ROLES_DIR / "preflight" / "files" / "gpu_host_facts.py").read_bytes()
+    encoded = base64.b64encode(source).decode()
+    return (
+        'command -v python3 >/dev/null 2>&1 || { echo "python3 not found" >&2; return 127; }\n'
+        f"printf '%s' '{encoded}' | base64 -d | t 20 python3 - --sections {HOST_FACTS_SECTIONS} --all-pci"
+    )
+
+
 _SERVICES = r"""
     if ! command -v systemctl >/dev/null 2>&1 || [ ! -d /run/systemd/system ]; then
       echo "no systemd on this host (systemctl absent or not booted with systemd)" >&2; return 200
@@ -171,11 +192,9 @@ PROBES: tuple[Probe, ...] = (
     Probe(
         "uname-r", 'read v </proc/sys/kernel/osrelease && echo "$v"', 5, "running kernel release (uname -r)"
     ),
-    Probe("pci-devices.txt", _PCI_FROM_SYSFS, 20, "PCI devices, lspci -Dnn format"),
+    Probe(HOST_FACTS, _host_facts_body(), 25, "PCI functions, kernel modules, loaded driver, Secure Boot"),
     Probe("nvidia-smi-q.xml", f"{_HAVE_SMI}\nt 60 nvidia-smi -q -x", 70, "nvidia-smi -q -x"),
     Probe("nvidia-smi-version.txt", f"{_HAVE_SMI}\nt 20 nvidia-smi --version", 25, "nvidia-smi --version"),
-    Probe("proc-driver-nvidia-version", "rd /proc/driver/nvidia/version", 5, "kernel module version"),
-    Probe("sys-module-nvidia-version", "rd /sys/module/nvidia/version", 5, "loaded module version"),
     Probe("kernel-log.txt", _KERNEL_LOG, 70, "kernel log of this boot (journalctl -k -b, else dmesg)"),
     Probe("nvcc-version.txt", "/usr/local/cuda/bin/nvcc --version", 25, "nvcc of /usr/local/cuda"),
     Probe(
@@ -191,8 +210,6 @@ PROBES: tuple[Probe, ...] = (
     ),
     Probe("services.tsv", _SERVICES, 20, "systemctl is-active for the GPU stack's units"),
     Probe("service-processes.tsv", _SERVICE_PROCESSES, 10, "the same units judged by running process"),
-    Probe("modules.txt", "cat /proc/modules", 5, "loaded kernel modules"),
-    Probe("secureboot.txt", _SECUREBOOT, 10, "Secure Boot state"),
     Probe("docker-daemon.json", _cat("/etc/docker/daemon.json"), 5, "Docker daemon config"),
     Probe("containerd-config.toml", _cat("/etc/containerd/config.toml"), 5, "containerd config"),
     Probe(
@@ -202,7 +219,16 @@ PROBES: tuple[Probe, ...] = (
     Probe("dcgmi-diag.json", _DCGM, 310, "DCGM diagnostic level 1"),
     Probe("container-smoke.txt", _SMOKE, 130, "nvidia-smi -L in a container with --gpus all"),
 )
-PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in PROBES}
+# Snapshots made before host-facts.json held these files instead; replaying one reads them (and only
+# then: live hosts are never asked for them).
+LEGACY_PROBES: tuple[Probe, ...] = (
+    Probe("pci-devices.txt", _PCI_FROM_SYSFS, 20, "PCI devices, lspci -Dnn format"),
+    Probe("proc-driver-nvidia-version", "rd /proc/driver/nvidia/version", 5, "kernel module version"),
+    Probe("sys-module-nvidia-version", "rd /sys/module/nvidia/version", 5, "loaded module version"),
+    Probe("modules.txt", "cat /proc/modules", 5, "loaded kernel modules"),
+    Probe("secureboot.txt", _SECUREBOOT, 10, "Secure Boot state"),
+)
+PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in (*PROBES, *LEGACY_PROBES)}
 # What `gpuprov snapshot` writes: every read-only probe. The DCGM diagnostic and the container smoke
 # test exercise the GPU (and the smoke test needs an image named by a policy), so a support snapshot
 # leaves them out; `verify` runs them.
@@ -412,6 +438,67 @@ def parse_pci_devices(text: str) -> list[PciDevice]:
             )
         )
     return devices
+
+
+@dataclass(frozen=True)
+class HostFactsDoc:
+    """host-facts.json: what the preflight role's host probe read (see HOST_FACTS)."""
+
+    pci: list[PciDevice]
+    modules: dict[str, dict[str, Any]]  # loaded module → {"refcount", "used_by"}
+    driver: KernelDriver | None  # None: no NVIDIA kernel module loaded
+    module_version: str  # /sys/module/nvidia/version, "" when not loaded
+    secure_boot: str  # enabled | disabled | not-applicable | unknown
+
+
+_SYSFS_ID = re.compile(r"0x[0-9a-f]{4}")
+_SYSFS_CLASS = re.compile(r"0x[0-9a-f]{6}")
+
+
+def parse_host_facts(text: str) -> HostFactsDoc:
+    """The host probe's JSON, checked field by field (a host's output is data, not trusted)."""
+    doc = parse_json_object(text, HOST_FACTS)
+    pci: list[PciDevice] = []
+    for n, dev in enumerate(doc.get("pci") or []):
+        if not isinstance(dev, dict):
+            raise ParseError(f"{HOST_FACTS}: pci[{n}] is not an object")
+        addr, vendor, device, cls = (
+            str(dev.get(k, "")).lower() for k in ("address", "vendor", "device", "class")
+        )
+        if not (_SYSFS_ID.fullmatch(vendor) and _SYSFS_ID.fullmatch(device) and _SYSFS_CLASS.fullmatch(cls)):
+            raise ParseError(f"{HOST_FACTS}: pci[{n}]: not sysfs ids: {str(dev)[:80]!r}")
+        if not re.fullmatch(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", addr):
+            raise ParseError(f"{HOST_FACTS}: pci[{n}]: not a PCI address: {addr[:40]!r}")
+        pci.append(
+            PciDevice(
+                address=normalize_bus_id(addr),
+                class_code=cls[2:6],
+                vendor=vendor[2:],
+                device=device[2:],
+                description=f"{addr} [{cls[2:6]}]: [{vendor[2:]}:{device[2:]}]",
+            )
+        )
+    modules = doc.get("modules") or {}
+    if not isinstance(modules, dict):
+        raise ParseError(f"{HOST_FACTS}: modules is not an object")
+    drv = doc.get("driver") or {}
+    if not isinstance(drv, dict):
+        raise ParseError(f"{HOST_FACTS}: driver is not an object")
+    driver = parse_driver_proc(str(drv["proc_version"])) if drv.get("proc_version") else None
+    module_version = str(drv.get("version") or "")
+    if module_version and not _VERSION.match(module_version):
+        raise ParseError(f"{HOST_FACTS}: driver.version: not a version: {module_version[:40]!r}")
+    sb = doc.get("secure_boot") or {}
+    state = str(sb.get("state", "unknown")) if isinstance(sb, dict) else "unknown"
+    return HostFactsDoc(
+        pci=pci,
+        modules={str(k): v for k, v in modules.items() if isinstance(v, dict)},
+        driver=driver,
+        module_version=module_version,
+        secure_boot=state.replace("_", "-")
+        if state in ("enabled", "disabled", "not_applicable")
+        else "unknown",
+    )
 
 
 def normalize_bus_id(bus_id: str) -> str:

@@ -121,8 +121,14 @@ def collect(
 
 
 def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.ProbeResult]:
+    wanted = list(names)
+    if P.HOST_FACTS in wanted and executor.meta.get("probes", {}).get(P.HOST_FACTS) is None:
+        # A snapshot from before host-facts.json: the same facts are in its older files.
+        wanted += [p.name for p in P.LEGACY_PROBES if p.name in executor.meta.get("probes", {})]
+        if len(wanted) > len(names):
+            wanted.remove(P.HOST_FACTS)
     out: dict[str, P.ProbeResult] = {}
-    for name in names:
+    for name in wanted:
         try:
             entry, text = executor.recorded(name)
         except SnapshotFileRefused as exc:

@@ -243,6 +243,13 @@ class LiveProgress:
                 if self._shown(event.stage):
                     self.stage_changed.setdefault(event.host, 0)
                 return
+            if event.kind in (
+                "runner_on_ok",
+                "runner_on_skipped",
+                "runner_on_failed",
+                "runner_on_unreachable",
+            ):
+                row.task_started = 0.0  # the task is over on this host: no clock until its next one
             if event.changed:
                 row.changed += 1
                 if self._shown(event.stage):

@@ -7,7 +7,7 @@ from typing import Any
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
-from provisioner.probes import parse_dcgm_diag, parse_json_object, parse_smoke
+from provisioner.probes import HOST_FACTS, parse_dcgm_diag, parse_json_object, parse_smoke
 
 KUBE = "kube-node.json"
 
@@ -47,7 +47,7 @@ def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "k8s.gpu_allocatable",
-    probes=(KUBE, "pci-devices.txt", "nvidia-smi-q.xml"),
+    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml"),
     severity="high",
     summary="allocatable nvidia.com/gpu = GPU count",
 )

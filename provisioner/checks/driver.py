@@ -5,9 +5,10 @@ from __future__ import annotations
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
+from provisioner.probes import HOST_FACTS
 
 SMI = "nvidia-smi-q.xml"
-PROC = "proc-driver-nvidia-version"
+PROC = HOST_FACTS  # the loaded kernel module (host-facts.json's driver section)
 
 
 def _gpu_expected(facts: HostFacts) -> None:
@@ -21,7 +22,7 @@ def _gpu_expected(facts: HostFacts) -> None:
 
 @check(
     "driver.loaded",
-    probes=(PROC, SMI, "modules.txt", "pci-devices.txt"),
+    probes=(HOST_FACTS, SMI),
     severity="critical",
     summary="NVIDIA kernel module loaded and nvidia-smi answers",
 )
@@ -35,16 +36,8 @@ def driver_loaded(facts: HostFacts, exp: Expectations) -> list[Finding]:
         if exc.status == ERROR:
             raise
         problems.append("NVIDIA kernel module not loaded (no /proc/driver/nvidia/version)")
-        try:
-            mods = facts.results.get("modules.txt")
-            if (
-                mods is not None
-                and mods.ok
-                and any(line.startswith("nouveau ") for line in mods.stdout.splitlines())
-            ):
-                problems.append("nouveau is loaded")
-        except Unavailable:
-            pass
+        if facts.nouveau_loaded():
+            problems.append("nouveau is loaded")
     res = facts.smi_result()
     if res.rc == 127:
         problems.append("nvidia-smi not found")
@@ -96,7 +89,7 @@ def version_matches(actual: str, expected: str) -> bool:
 
 @check(
     "driver.version",
-    probes=(SMI, PROC, "pci-devices.txt"),
+    probes=(SMI, HOST_FACTS),
     severity="high",
     summary="driver version = policy (exact, or branch like 580)",
 )
@@ -134,7 +127,7 @@ def driver_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "driver.userspace_match",
-    probes=(PROC, "sys-module-nvidia-version", "nvidia-smi-version.txt", SMI, "pci-devices.txt"),
+    probes=(HOST_FACTS, "nvidia-smi-version.txt", SMI),
     severity="high",
     summary="kernel module version = userspace (nvidia-smi/NVML) version",
 )

@@ -60,8 +60,30 @@ class HostFacts:
     def os_release(self) -> dict[str, str]:
         return self.parsed("os", lambda: P.parse_os_release(self.ok_text("os-release")))
 
+    def legacy(self) -> bool:
+        """A snapshot made before host-facts.json: its PCI, module, driver and Secure Boot facts are in
+        the older files (probes.LEGACY_PROBES)."""
+        return P.HOST_FACTS not in self.results and "pci-devices.txt" in self.results
+
+    def host_facts(self) -> P.HostFactsDoc:
+        return self.parsed("hostfacts", lambda: P.parse_host_facts(self.ok_text(P.HOST_FACTS)))
+
     def pci(self) -> list[P.PciDevice]:
-        return self.parsed("pci", lambda: P.parse_pci_devices(self.ok_text("pci-devices.txt")))
+        if self.legacy():
+            return self.parsed("pci", lambda: P.parse_pci_devices(self.ok_text("pci-devices.txt")))
+        return self.host_facts().pci
+
+    def nouveau_loaded(self) -> bool | None:
+        """Whether nouveau is loaded; None when the module list cannot be read."""
+        if self.legacy():
+            mods = self.results.get("modules.txt")
+            if mods is None or not mods.ok:
+                return None
+            return any(line.startswith("nouveau ") for line in mods.stdout.splitlines())
+        try:
+            return "nouveau" in self.host_facts().modules
+        except Unavailable:
+            return None
 
     def pci_gpus(self) -> list[P.PciDevice]:
         return P.nvidia_gpus(self.pci())
@@ -114,17 +136,28 @@ class HostFacts:
 
     def kernel_driver(self) -> P.KernelDriver:
         def load() -> P.KernelDriver:
-            res = self.result("proc-driver-nvidia-version")
-            if not res.ok:
+            if self.legacy():
+                res = self.result("proc-driver-nvidia-version")
+                if not res.ok:
+                    raise Unavailable(SKIP, "no /proc/driver/nvidia/version: NVIDIA kernel module not loaded")
+                return P.parse_driver_proc(res.stdout)
+            driver = self.host_facts().driver
+            if driver is None:
                 raise Unavailable(SKIP, "no /proc/driver/nvidia/version: NVIDIA kernel module not loaded")
-            return P.parse_driver_proc(res.stdout)
+            return driver
 
         return self.parsed("kdriver", load)
 
     def module_version(self) -> str:
-        return self.parsed(
-            "modver", lambda: P.parse_module_version(self.ok_text("sys-module-nvidia-version"))
-        )
+        def load() -> str:
+            if self.legacy():
+                return P.parse_module_version(self.ok_text("sys-module-nvidia-version"))
+            version = self.host_facts().module_version
+            if not version:
+                raise Unavailable(SKIP, "no /sys/module/nvidia/version: NVIDIA kernel module not loaded")
+            return version
+
+        return self.parsed("modver", load)
 
     def smi_version(self) -> dict[str, str]:
         return self.parsed("smiver", lambda: P.parse_smi_version(self.ok_text("nvidia-smi-version.txt")))

@@ -9,10 +9,10 @@ from __future__ import annotations
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
-from provisioner.probes import SmiGpu
+from provisioner.probes import HOST_FACTS, SmiGpu
 
 SMI = "nvidia-smi-q.xml"
-PCI = "pci-devices.txt"
+PCI = HOST_FACTS  # PCI functions (host-facts.json's pci section)
 
 
 def _gpu_label(gpu: SmiGpu) -> str:

@@ -7,6 +7,7 @@ import fnmatch
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
+from provisioner.probes import HOST_FACTS
 
 
 @check("os.supported", probes=("os-release",), severity="high", summary="OS and version in the supported set")
@@ -153,7 +154,7 @@ def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
 
 @check(
     "services.active",
-    probes=("services.tsv", "service-processes.tsv", "packages.tsv", "pci-devices.txt", "kube-node.json"),
+    probes=("services.tsv", "service-processes.tsv", "packages.tsv", HOST_FACTS, "kube-node.json"),
     severity="high",
     summary="expected services active",
 )

@@ -51,13 +51,7 @@ STEPS = ("stopping", "installing", "reloading", "rebooting")
 KUBECONFIG = "/etc/kubernetes/admin.conf"
 EVICT_LABEL = "gpuprov.io/evict-for-driver-upgrade"  # marks the GPU pods `--no-drain` evicts
 # What the probe reads: the loaded driver, the GPUs on the bus and seen by the driver, the kernel log.
-PROBES = (
-    "proc-driver-nvidia-version",
-    "nvidia-smi-q.xml",
-    "pci-devices.txt",
-    "modules.txt",
-    "kernel-log.txt",
-)
+PROBES = (P.HOST_FACTS, "nvidia-smi-q.xml", "kernel-log.txt")
 # GPU Operator operand pods (label app=...) that keep the GPU open; they leave once the node's operands
 # are switched off (nvidia.com/gpu.deploy.operands=false).
 OPERAND_APPS = (

@@ -26,11 +26,10 @@ ALWAYS = {
     "meta.json",
     "os-release",
     "uname-r",
-    "pci-devices.txt",
+    "host-facts.json",  # PCI functions, modules, driver, Secure Boot: the preflight role's own probe
     "kernel-log.txt",
     "packages.tsv",
     "service-processes.tsv",
-    "secureboot.txt",
 }
 
 

@@ -3,6 +3,10 @@
 nouveau, Secure Boot, kernel headers, the kernels installed in /boot, dpkg/apt locks, free disk and memory.
 One JSON document on stdout.
 
+gpuprov's verification runs this same file for its PCI, kernel module, driver and Secure Boot facts
+(`--sections pci,modules,driver,secure_boot --all-pci`), so the role and `gpuprov verify` read those facts
+one way: here.
+
 It reads /sys and /proc directly (lspci, mokutil and modinfo may be absent on a host), in one process so
 that hundreds of hosts cost one round trip each, and changes nothing: locks are queried with F_GETLK,
 never taken. Runs on the target's own Python 3 (3.8 or newer).
@@ -40,23 +44,27 @@ def read(path: str, default: str = "") -> str:
         return default
 
 
-def pci_devices() -> list[dict[str, str]]:
-    """NVIDIA functions on the PCI bus: address, device id, class, bound driver."""
+def pci_devices(all_vendors: bool = False, root: str = PCI) -> list[dict[str, str]]:
+    """Functions on the PCI bus (NVIDIA's only, unless all_vendors): address, vendor and device ids,
+    class, revision, bound driver. Read from sysfs, as lspci does."""
     out: list[dict[str, str]] = []
     try:
-        names = sorted(os.listdir(PCI))
+        names = sorted(os.listdir(root))
     except OSError:
         return out
     for name in names:
-        d = os.path.join(PCI, name)
-        if read(os.path.join(d, "vendor")).lower() != NVIDIA:
-            continue
+        d = os.path.join(root, name)
+        vendor = read(os.path.join(d, "vendor")).lower()
+        if not vendor or (vendor != NVIDIA and not all_vendors):
+            continue  # (an entry without a vendor id is no PCI function)
         driver = os.path.join(d, "driver")
         out.append(
             {
                 "address": name,
+                "vendor": vendor,
                 "device": read(os.path.join(d, "device")).lower(),
                 "class": read(os.path.join(d, "class")).lower(),
+                "revision": read(os.path.join(d, "revision")).lower(),
                 "driver": os.path.basename(os.readlink(driver)) if os.path.islink(driver) else "",
             }
         )
@@ -214,29 +222,39 @@ def memory_mb() -> int:
     return int(m.group(1)) // 1024 if m else 0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--disk", action="append", default=[], help="path whose free space to report")
-    ap.add_argument("--headers-apt", action="store_true", help="ask apt about the headers package")
-    args = ap.parse_args()
+def locks_held() -> dict[str, dict[str, Any]]:
     locks = {}
     for p in LOCKS:
         pid = lock_holder(p)
         if pid:
             locks[p] = {"pid": pid, "process": read(f"/proc/{pid}/comm", "?")}
-    doc = {
-        "pci": pci_devices(),
-        "modules": loaded_modules(),
-        "driver": loaded_driver(),
-        "secure_boot": secure_boot(),
-        "headers": headers(os.uname().release, args.headers_apt),
-        "boot_kernels": boot_kernels(),
-        "locks_held": locks,
-        "disk": {p: free_mb(p) for p in args.disk},
-        "memory_mb": memory_mb(),
-        "nvidia_smi": shutil.which("nvidia-smi") or "",
+    return locks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--disk", action="append", default=[], help="path whose free space to report")
+    ap.add_argument("--headers-apt", action="store_true", help="ask apt about the headers package")
+    ap.add_argument("--sections", default="", help="comma-separated sections to read (default: all)")
+    ap.add_argument("--all-pci", action="store_true", help="list every PCI function, not NVIDIA's only")
+    args = ap.parse_args()
+    readers = {
+        "pci": lambda: pci_devices(args.all_pci),
+        "modules": loaded_modules,
+        "driver": loaded_driver,
+        "secure_boot": secure_boot,
+        "headers": lambda: headers(os.uname().release, args.headers_apt),
+        "boot_kernels": boot_kernels,
+        "locks_held": locks_held,
+        "disk": lambda: {p: free_mb(p) for p in args.disk},
+        "memory_mb": memory_mb,
+        "nvidia_smi": lambda: shutil.which("nvidia-smi") or "",
     }
-    print(json.dumps(doc, sort_keys=True))
+    wanted = [w for w in args.sections.split(",") if w] or list(readers)
+    unknown = [w for w in wanted if w not in readers]
+    if unknown:
+        ap.error("unknown section(s): " + ", ".join(unknown))
+    print(json.dumps({name: readers[name]() for name in wanted}, sort_keys=True))
 
 
 if __name__ == "__main__":
