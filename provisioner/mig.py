@@ -90,6 +90,59 @@ GPUS: dict[int, MigGpu] = {
     0x2335: _H200,
 }
 
+# `nvidia-smi mig -lgip` (the GPU instance profiles) and `-lgipp` (their placements), as the driver prints
+# them; both answer with MIG mode off. Read from a real H200 (driver 580.159.04).
+_LGIP_ROW = re.compile(
+    r"^\|\s*(?P<gpu>\d+)\s+MIG\s+(?P<name>\d+g\.\d+gb(?:\+me)?)\s+(?P<id>\d+)\s+"
+    r"(?P<free>\d+)/(?P<total>\d+)\s+(?P<mem>\d+(?:\.\d+)?)\s+(?:Yes|No)\s+(?P<sm>\d+)\s"
+)
+_LGIPP_ROW = re.compile(
+    r"^GPU\s+(?P<gpu>\d+)\s+Profile ID\s+(?P<id>\d+)\s+Placements?\s*:\s*"
+    r"(?P<starts>\{[\d,]*\}):(?P<size>\d+)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class ReadProfile:
+    """One GPU instance profile as the driver reports it."""
+
+    name: str
+    profile_id: int
+    instances: int  # Free/Total's total
+    memory_gib: float
+    sms: int
+    memory_slices: int  # the placement size from -lgipp
+    placements: tuple[int, ...]  # the memory slice each instance may start at
+
+
+def parse_profiles(lgip: str, lgipp: str, gpu: int = 0) -> dict[str, ReadProfile]:
+    """GPU `gpu`'s MIG profiles from `nvidia-smi mig -lgip` and `-lgipp`; ValueError on other text."""
+    rows = [m for m in map(_LGIP_ROW.match, lgip.splitlines()) if m and int(m["gpu"]) == gpu]
+    if not rows:
+        raise ValueError(f"nvidia-smi mig -lgip: no GPU instance profile listed for GPU {gpu}")
+    placements: dict[int, tuple[tuple[int, ...], int]] = {}
+    for line in lgipp.splitlines():
+        m = _LGIPP_ROW.match(line.strip())
+        if m and int(m["gpu"]) == gpu:
+            starts = tuple(int(x) for x in m["starts"].strip("{}").split(",") if x)
+            placements[int(m["id"])] = (starts, int(m["size"]))
+    out: dict[str, ReadProfile] = {}
+    for m in rows:
+        pid = int(m["id"])
+        if pid not in placements:
+            raise ValueError(f"nvidia-smi mig -lgipp: no placement for profile {pid} ({m['name']})")
+        starts, size = placements[pid]
+        out[m["name"]] = ReadProfile(
+            m["name"], pid, int(m["total"]), float(m["mem"]), int(m["sm"]), size, starts
+        )
+    return out
+
+
+def table_from_profiles(name: str, min_branch: int, read: Mapping[str, ReadProfile]) -> MigGpu:
+    """A profile table (as GPUS holds them) built from what a GPU reported."""
+    return _table(name, min_branch, [(p.name, p.instances, p.memory_slices) for p in read.values()])
+
+
 _CONFIG_KEYS = {"devices", "mig-enabled", "mig-devices", "device-filter"}
 _FILTER = re.compile(r"0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
 

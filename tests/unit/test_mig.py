@@ -106,3 +106,29 @@ def test_the_structure_check_agrees_with_nvidias_parser(tmp_path: Path, text: st
     except InputError:
         ours = False
     assert ours == _real_parser_accepts(tmp_path, text)
+
+
+def test_the_h200_table_is_what_the_real_h200_reports() -> None:
+    """nvidia-smi mig -lgip/-lgipp on a real H200 (driver 580.159.04, MIG mode off) give the same profile
+    table as GPUS[0x2335]: names, instance counts, memory slices."""
+    from provisioner.mig import GPUS, parse_profiles, table_from_profiles
+
+    here = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
+    read = parse_profiles(
+        (here / "nvidia-smi-mig-lgip.txt").read_text(), (here / "nvidia-smi-mig-lgipp.txt").read_text()
+    )
+    assert list(read) == ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+    assert read["1g.18gb"].placements == (0, 1, 2, 3, 4, 5, 6) and read["1g.18gb"].profile_id == 19
+    assert (read["7g.141gb"].sms, read["7g.141gb"].memory_gib) == (132, 140.0)
+    real = table_from_profiles("NVIDIA H200", 550, read)
+    assert real.profiles == GPUS[0x2335].profiles
+
+
+def test_profile_listings_of_another_shape_are_refused() -> None:
+    from provisioner.mig import parse_profiles
+
+    with pytest.raises(ValueError, match="no GPU instance profile"):
+        parse_profiles("No MIG-enabled devices found.", "")
+    lgip = "|   0  MIG 1g.18gb         19     7/7        16.00      No     16     1     0   |"
+    with pytest.raises(ValueError, match="no placement for profile 19"):
+        parse_profiles(lgip, "GPU  0 Profile ID 20 Placements: {0,1}:1")
