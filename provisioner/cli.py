@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import sys
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -270,6 +271,87 @@ def snapshot(
         else:
             typer.echo(f"{r.host}: {r.probes} probes → {r.path}")
     return 1 if any(r.error for r in results) else 0
+
+
+class TopFormat(StrEnum):
+    table = "table"
+    json = "json"
+    prometheus = "prometheus"
+
+
+@app.command()
+def top(
+    inventory: InventoryOpt = None,
+    local: LocalOpt = False,
+    limit: LimitOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="One sample, printed, then exit.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 3.0,
+    output_format: Annotated[TopFormat, typer.Option("--format", help="json/prometheus need --once.")] = (
+        TopFormat.table
+    ),
+    parallel: ParallelOpt = 50,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, max=600, help="Seconds per host per refresh.")
+    ] = 20.0,
+) -> int:
+    """The fleet's GPUs live: utilisation, memory, temperature, power, slowdowns, Xids of this boot."""
+    import json
+    import threading
+
+    from provisioner import top as T
+
+    if output_format is not TopFormat.table and not once:
+        raise typer.BadParameter("--format json|prometheus is for scripts: add --once", param_hint="--format")
+    if once:
+
+        def show(samples: list) -> None:
+            if output_format is TopFormat.json:
+                typer.echo(json.dumps(T.to_json(samples), indent=2))
+            elif output_format is TopFormat.prometheus:
+                typer.echo(T.to_prometheus(samples), nl=False)
+            else:
+                from rich.console import Console
+
+                width = max(120, Console().width)
+                Console(highlight=False, soft_wrap=False, width=width).print(T.table(samples))
+
+        last = T.run_top(inventory=inventory, local=local, limit=limit, once=True, interval=interval,
+                         parallel=parallel, timeout=timeout, show=show)  # fmt: skip
+        return 1 if any(s.error for s in last) else 0
+
+    stop = threading.Event()
+    if not sys.stdout.isatty():
+        # A pipe or a log: one table per refresh, one after the other.
+        from rich.console import Console
+
+        console = Console(highlight=False, soft_wrap=False, width=120)
+
+        def show_plain(samples: list) -> None:
+            console.print(T.table(samples, f"gpuprov top  {time.strftime('%H:%M:%S')}"))
+            sys.stdout.flush()
+
+        try:
+            T.run_top(inventory=inventory, local=local, limit=limit, once=False, interval=interval,
+                      parallel=parallel, timeout=timeout, show=show_plain, stop=stop)  # fmt: skip
+        except KeyboardInterrupt:
+            stop.set()
+        return 0
+
+    from rich.live import Live
+
+    with Live(auto_refresh=False) as live:
+
+        def show_live(samples: list) -> None:
+            when = time.strftime("%H:%M:%S")
+            live.update(T.table(samples, f"gpuprov top  {when}  every {interval:g}s  (Ctrl-C to quit)"))
+            live.refresh()
+
+        try:
+            T.run_top(inventory=inventory, local=local, limit=limit, once=False, interval=interval,
+                      parallel=parallel, timeout=timeout, show=show_live, stop=stop)  # fmt: skip
+        except KeyboardInterrupt:
+            stop.set()
+    return 0
 
 
 @app.command("upgrade-driver")

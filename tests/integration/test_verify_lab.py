@@ -119,3 +119,30 @@ def test_unreachable_host_is_an_error_and_the_others_are_unaffected(ready: Lab) 
     for name, host in hosts.items():
         if name != target:
             assert not not_clean({name: host}), not_clean({name: host})
+
+
+def test_top_sees_every_gpu_and_an_injected_xid_on_its_gpu(ready: Lab) -> None:
+    """`gpuprov top --once` over the lab: each GPU host's GPUs, cp1 without nvidia-smi, and an Xid
+    injected into one GPU's kernel log shown on that GPU only."""
+    target = next(n for n, h in ready.hosts.items() if h.gpu_count >= 4)
+    wait_clean(ready)
+    inject = ready.cli("lab", "fault", target, "xid", "--gpu", "2", "--xid", "48")
+    assert inject.returncode == 0, inject.stderr
+    try:
+        res = gpuprov("top", "-i", str(ready.inventory), "--once", "--format", "json", timeout=300)
+    finally:
+        ready.cli("lab", "fault", target, "clear")
+    assert res.returncode == 1, res.stderr  # cp1 has no nvidia-smi: reported, not hidden
+    hosts = {h["host"]: h for h in json.loads(res.stdout)["hosts"]}
+    assert set(hosts) == set(ready.hosts)
+    for name, spec in ready.hosts.items():
+        if not spec.gpu_count:
+            assert hosts[name]["error"] == "nvidia-smi not found", hosts[name]
+            continue
+        gpus = hosts[name]["gpus"]
+        assert [g["index"] for g in gpus] == list(range(spec.gpu_count)), name
+        assert all(g["memory_total_mib"] and g["temperature_c"] is not None for g in gpus), gpus
+        expected = {2: [48]} if name == target else {}
+        assert {g["index"]: g["xids"] for g in gpus if g["xids"]} == expected, (name, gpus)
+    prom = gpuprov("top", "-i", str(ready.inventory), "--once", "--format", "prometheus", timeout=300)
+    assert f'gpuprov_gpu_temperature_celsius{{host="{target}",gpu="0"' in prom.stdout
