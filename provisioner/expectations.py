@@ -32,6 +32,9 @@ class Expectations:
     container_smoke_image: str | None = None
     dcgm_diag: bool = True
     skip_checks: tuple[str, ...] = ()
+    sharing_strategy: str | None = None  # none | time-slicing | mps (the device plugin's GPU sharing)
+    sharing_replicas: int | None = None  # replicas per GPU under time-slicing or MPS
+    mig_config: str | None = None  # the MIG layout the node must have (nvidia.com/mig.config)
     # key (policy name) → where its value came from, e.g. "policy.yml groups.gpu_nodes"
     sources: dict[str, str] = field(default_factory=dict)
 

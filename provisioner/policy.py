@@ -97,6 +97,19 @@ def _check_ids(value: Any) -> tuple[str, ...]:
     return _str_list("check ids", choices=CHECK_IDS)(value)
 
 
+def _sharing_strategy(value: Any) -> str:
+    if value in ("none", "time-slicing", "mps"):
+        return str(value)
+    raise ValueError(f"expected none, time-slicing or mps (the device plugin's strategies), got {value!r}")
+
+
+def _mig_config(value: Any) -> str:
+    # A mig-parted configuration name: what the nvidia.com/mig.config label holds (a label value).
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.+]{0,61}[A-Za-z0-9])?", value):
+        return value
+    raise ValueError(f"expected a MIG configuration name such as all-1g.18gb (a label value), got {value!r}")
+
+
 class Key(NamedTuple):
     field: str  # the Expectations field it sets
     meaning: str  # one line, for docs and errors
@@ -121,12 +134,18 @@ KEYS: dict[str, Key] = {
     "container.smoke_image": Key("container_smoke_image", "image for the container smoke test"),
     "dcgm.diag": Key("dcgm_diag", "run DCGM diagnostic level 1 where dcgmi is installed"),
     "checks.skip": Key("skip_checks", "check ids not to evaluate"),
+    "gpu.sharing.strategy": Key(
+        "sharing_strategy", "GPU sharing the device plugin applies: none, time-slicing, mps"
+    ),
+    "gpu.sharing.replicas": Key("sharing_replicas", "replicas per GPU under time-slicing or MPS (2 or more)"),
+    "mig.config": Key("mig_config", "MIG layout the node must have, e.g. all-1g.18gb or all-disabled"),
 }
 _RESERVED = ("groups", "hosts")
 
 # What a user reads when pydantic's own types refuse a value (the format functions above word theirs).
 _TYPE_MESSAGES: dict[str, str] = {
     "gpu.count": "expected a whole number of GPUs (0-64), got {value!r}",
+    "gpu.sharing.replicas": "expected a whole number of replicas per GPU (2-1024), got {value!r}",
     "gpu.present": "expected true or false, got {value!r}",
     "gpu.persistence": "expected true or false, got {value!r}",
     "gpu.ecc": "expected true or false, got {value!r}",
@@ -190,6 +209,11 @@ def _schema() -> tuple[Any, Any]:
         container_smoke_image: formatted(str, _image) | None = key("container.smoke_image")
         dcgm_diag: StrictBool | None = key("dcgm.diag")
         skip_checks: formatted(tuple[str, ...], _check_ids) | None = key("checks.skip")
+        sharing_strategy: formatted(str, _sharing_strategy) | None = key("gpu.sharing.strategy")
+        sharing_replicas: Annotated[int, Field(strict=True, ge=2, le=1024)] | None = key(
+            "gpu.sharing.replicas"
+        )
+        mig_config: formatted(str, _mig_config) | None = key("mig.config")
 
     class File(Block):
         """A policy file: top-level keys, then per-group and per-host blocks."""

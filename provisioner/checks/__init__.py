@@ -50,6 +50,8 @@ CHECK_IDS: tuple[str, ...] = (
     "services.active",
     "k8s.node_ready",
     "k8s.gpu_allocatable",
+    "gpu.sharing",
+    "mig.config",
     "dcgm.diag",
     "container.smoke",
 )

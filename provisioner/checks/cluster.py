@@ -86,16 +86,125 @@ def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
         count = int(str(raw))
     except ValueError:
         return [outcome(ERROR, f"node {name}: allocatable nvidia.com/gpu={raw!r} is not a number")]
-    if count != gpus:
+    replicas = _replicas(exp)
+    expected = gpus * replicas
+    per = (
+        f" ({gpus} GPU(s) × {replicas} replicas, {exp.source('gpu.sharing.replicas')})"
+        if replicas > 1
+        else ""
+    )
+    if count != expected:
         return [
             outcome(
                 FAIL,
-                f"node {name} advertises nvidia.com/gpu={count}, host has {gpus} GPU(s)",
+                f"node {name} advertises nvidia.com/gpu={count}, expected {expected}{per}"
+                if per
+                else f"node {name} advertises nvidia.com/gpu={count}, host has {gpus} GPU(s)",
                 allocatable=count,
-                expected=gpus,
+                expected=expected,
             )
         ]
-    return [outcome(PASS, f"node {name} advertises nvidia.com/gpu={count}", allocatable=count)]
+    return [outcome(PASS, f"node {name} advertises nvidia.com/gpu={count}{per}", allocatable=count)]
+
+
+def _replicas(exp: Expectations) -> int:
+    """Replicas per GPU the device plugin advertises under the declared sharing (1: none)."""
+    if exp.sharing_strategy in ("time-slicing", "mps") and exp.sharing_replicas:
+        return exp.sharing_replicas
+    return 1
+
+
+# Labels gpu-feature-discovery puts on a node for the device plugin's sharing (NVIDIA k8s-device-plugin,
+# internal/lm/resource.go): the replicas per GPU and the strategy (none, time-slicing, mps).
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
+# The MIG manager's protocol (NVIDIA mig-parted, deployments/gpu-operator/reconfigure-mig.sh): the wanted
+# layout is the label nvidia.com/mig.config; the manager reports through nvidia.com/mig.config.state:
+# pending, rebooting, success or failed.
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+
+
+@check(
+    "gpu.sharing",
+    probes=(KUBE, HOST_FACTS),
+    severity="high",
+    summary="the node shares its GPUs as declared (gpu.sharing-strategy and gpu.replicas labels)",
+)
+def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    facts.require_gpu()
+    if exp.sharing_strategy is None:
+        raise Unavailable(SKIP, "no GPU sharing declared (gpu.sharing.strategy in a policy)")
+    node = _node(facts, exp)
+    name = (node.get("metadata") or {}).get("name", "?")
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if not labels.get(SHARING_LABEL) and not labels.get(REPLICAS_LABEL) and exp.sharing_strategy != "none":
+        return [
+            outcome(FAIL, f"node {name} has no {SHARING_LABEL} label: gpu-feature-discovery not running?")
+        ]
+    problems = []
+    strategy = labels.get(SHARING_LABEL, "none")
+    if strategy != exp.sharing_strategy:
+        problems.append(f"{SHARING_LABEL}={strategy}, expected {exp.sharing_strategy}")
+    want = str(_replicas(exp))
+    if labels.get(REPLICAS_LABEL, "1") != want:
+        problems.append(f"{REPLICAS_LABEL}={labels.get(REPLICAS_LABEL, '1')}, expected {want}")
+    where = f"({exp.source('gpu.sharing.strategy')})"
+    if problems:
+        return [outcome(FAIL, f"node {name}: " + "; ".join(problems) + f" {where}", strategy=strategy)]
+    return [
+        outcome(
+            PASS, f"node {name} shares its GPUs by {strategy}, {want} replica(s) per GPU", strategy=strategy
+        )
+    ]
+
+
+@check(
+    "mig.config",
+    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml"),
+    severity="high",
+    summary="the node's MIG layout is the declared one and the MIG manager reports success",
+)
+def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    facts.require_gpu()
+    if exp.mig_config is None:
+        raise Unavailable(SKIP, "no MIG layout declared (mig.config in a policy)")
+    node = _node(facts, exp)
+    name = (node.get("metadata") or {}).get("name", "?")
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    wanted, state = labels.get(MIG_CONFIG_LABEL), labels.get(MIG_STATE_LABEL)
+    where = f"({exp.source('mig.config')})"
+    if wanted != exp.mig_config:
+        return [
+            outcome(
+                FAIL,
+                f"node {name}: {MIG_CONFIG_LABEL}={wanted or 'unset'}, expected {exp.mig_config} {where}",
+            )
+        ]
+    if state != "success":
+        status = WARN if state in ("pending", "rebooting") else FAIL
+        return [
+            outcome(
+                status,
+                f"node {name}: {MIG_STATE_LABEL}={state or 'unset'} for {wanted} "
+                "(the MIG manager has not applied it)",
+            )
+        ]
+    try:
+        modes = {g.index: g.mig_mode for g in facts.smi().gpus}
+    except Unavailable:
+        modes = {}
+    enabled = exp.mig_config != "all-disabled"
+    wrong = sorted(i for i, m in modes.items() if m and (m == "Enabled") != enabled)
+    if wrong:
+        return [
+            outcome(
+                FAIL,
+                f"node {name}: {wanted} applied per the MIG manager, but MIG mode is "
+                f"{'off' if enabled else 'on'} on GPU {', '.join(map(str, wrong))}",
+            )
+        ]
+    return [outcome(PASS, f"node {name}: MIG layout {wanted} applied ({MIG_STATE_LABEL}=success)")]
 
 
 @check(

@@ -34,6 +34,8 @@ SHORT = {
     "services.active": "svc",
     "k8s.node_ready": "node",
     "k8s.gpu_allocatable": "allc",
+    "gpu.sharing": "shr",
+    "mig.config": "mig",
     "dcgm.diag": "dcgm",
     "container.smoke": "smk",
 }

@@ -10,6 +10,7 @@ import verify_fixtures as vf
 
 from provisioner.checks import CHECK_IDS, HostFacts, evaluate
 from provisioner.checks.model import Finding
+from provisioner.errors import InputError
 from provisioner.policy import Expectations, policy_from_mapping
 
 SMI = "nvidia-smi-q.xml"
@@ -61,6 +62,8 @@ BASELINE = {
     "services.active": "skip",
     "k8s.node_ready": "skip",
     "k8s.gpu_allocatable": "skip",
+    "gpu.sharing": "skip",
+    "mig.config": "skip",
     "dcgm.diag": "skip",
     "container.smoke": "skip",
 }
@@ -681,3 +684,79 @@ def test_subset_and_policy_skip() -> None:
     assert list(findings) == ["gpu.ecc", "gpu.xid"]
     findings = run(vf.h200_probes(), exp_from({"checks.skip": ["gpu.xid"]}))
     assert status(findings, "gpu.xid") == "skip" and "skipped by policy" in findings["gpu.xid"][0].detail
+
+
+def _labelled(labels: dict[str, str], **status: object) -> str:
+    node = json.loads(_node(**status))
+    node["metadata"]["labels"] = labels
+    return json.dumps(node)
+
+
+SHARED = {"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}
+
+
+def test_time_slicing_declared_means_replicas_per_gpu_and_the_labels() -> None:
+    probes = vf.h200_probes()
+    exp = exp_from({"gpu.sharing.strategy": "time-slicing", "gpu.sharing.replicas": 4})
+    probes["kube-node.json"] = (0, _labelled(SHARED, allocatable={"nvidia.com/gpu": "4"}), "")
+    findings = run(probes, exp)
+    assert status(findings, "gpu.sharing") == "pass"
+    (alloc,) = findings["k8s.gpu_allocatable"]
+    assert alloc.status == "pass" and "1 GPU(s) × 4 replicas" in alloc.detail
+    # The device plugin still advertises whole GPUs: the config was not applied.
+    probes["kube-node.json"] = (0, _labelled({}, allocatable={"nvidia.com/gpu": "1"}), "")
+    findings = run(probes, exp)
+    assert (
+        status(findings, "k8s.gpu_allocatable") == "fail"
+        and "expected 4" in findings["k8s.gpu_allocatable"][0].detail
+    )
+    assert "gpu-feature-discovery not running" in findings["gpu.sharing"][0].detail
+    labels = {**SHARED, "nvidia.com/gpu.replicas": "2"}
+    probes["kube-node.json"] = (0, _labelled(labels, allocatable={"nvidia.com/gpu": "4"}), "")
+    (f,) = run(probes, exp)["gpu.sharing"]
+    assert f.status == "fail" and "nvidia.com/gpu.replicas=2, expected 4" in f.detail
+    # Nothing declared: the checks say so, the allocatable check wants whole GPUs.
+    assert status(run(probes), "gpu.sharing") == "skip"
+
+
+@pytest.mark.parametrize(
+    ("labels", "want", "words"),
+    [
+        ({"nvidia.com/mig.config": "all-1g.18gb", "nvidia.com/mig.config.state": "success"}, "fail",
+         "MIG mode is off on GPU 0"),  # the MIG manager says success but the real H200 has MIG off
+        ({"nvidia.com/mig.config": "all-1g.18gb", "nvidia.com/mig.config.state": "pending"}, "warn",
+         "mig.config.state=pending"),
+        ({"nvidia.com/mig.config": "all-1g.18gb", "nvidia.com/mig.config.state": "failed"}, "fail",
+         "mig.config.state=failed"),
+        ({"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"}, "fail",
+         "nvidia.com/mig.config=all-disabled, expected all-1g.18gb"),
+    ],
+)  # fmt: skip
+def test_mig_config_follows_the_mig_managers_labels_and_the_gpus_mode(
+    labels: dict[str, str], want: str, words: str
+) -> None:
+    probes = vf.h200_probes()
+    probes["kube-node.json"] = (0, _labelled(labels), "")
+    (f,) = run(probes, exp_from({"mig.config": "all-1g.18gb"}))["mig.config"]
+    assert f.status == want and words in f.detail, f
+
+
+def test_mig_disabled_as_declared_passes_on_the_real_h200() -> None:
+    probes = vf.h200_probes()
+    labels = {"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"}
+    probes["kube-node.json"] = (0, _labelled(labels), "")
+    (f,) = run(probes, exp_from({"mig.config": "all-disabled"}))["mig.config"]
+    assert f.status == "pass"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("gpu.sharing.strategy", "timeslicing", "expected none, time-slicing or mps"),
+        ("gpu.sharing.replicas", 1, "expected a whole number of replicas per GPU"),
+        ("mig.config", "all 1g", "expected a MIG configuration name"),
+    ],
+)
+def test_sharing_and_mig_policy_values_are_checked(key: str, value: object, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        exp_from({key: value})

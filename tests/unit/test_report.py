@@ -229,3 +229,11 @@ def test_host_text_cannot_drive_the_terminal_or_break_the_output(fmt: str, drift
 def test_json_keeps_the_hosts_text_escaped_by_json() -> None:
     doc = json.loads(render(hostile_report(), "json"))
     assert doc["hosts"][0]["host"] == HOSTILE
+
+
+def test_every_check_has_a_short_name_in_the_drift_table() -> None:
+    from provisioner.checks import CHECK_IDS
+    from provisioner.report.table import SHORT
+
+    assert list(SHORT) == list(CHECK_IDS)
+    assert len(set(SHORT.values())) == len(SHORT)
