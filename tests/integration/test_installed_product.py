@@ -124,6 +124,34 @@ def test_bootstrap_check_and_upgrade_dry_run_from_the_installed_wheel(
         installed.run("--version").stdout.strip(),
     )
 
-    res = installed.run("upgrade-driver", "-i", str(lab.inventory), "--limit", "gpu1", "--dry-run")
+    # The version gpu1 is pinned to (the inventory's, else the role's default): a plan to stay there.
+    version = _host_var(lab.inventory, "gpu1", "nvidia_driver_version") or _role_default_version()
+    res = installed.run(
+        "upgrade-driver", "-i", str(lab.inventory), "--limit", "gpu1", "--to", version, "--dry-run"
+    )
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "gpu1" in res.stdout and "target" in res.stdout, res.stdout
+    assert f"target {version}" in res.stdout and "gpu1" in res.stdout, res.stdout
+
+
+def _host_var(inventory: Path, host: str, key: str) -> str | None:
+    import yaml
+
+    def walk(node: object) -> str | None:
+        if isinstance(node, dict):
+            hosts = node.get("hosts")
+            if isinstance(hosts, dict) and isinstance(hosts.get(host), dict) and key in hosts[host]:
+                return str(hosts[host][key])
+            for value in node.values():
+                found = walk(value)
+                if found:
+                    return found
+        return None
+
+    return walk(yaml.safe_load(inventory.read_text()))
+
+
+def _role_default_version() -> str:
+    import yaml
+
+    defaults = yaml.safe_load((REPO / "roles" / "nvidia_driver" / "defaults" / "main.yml").read_text())
+    return str(defaults["nvidia_driver_version"])
