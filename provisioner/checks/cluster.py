@@ -125,6 +125,18 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 
 
+def _declared_node_labels(
+    facts: HostFacts, exp: Expectations, declared: object, what: str, key: str
+) -> tuple[str, dict[str, str]]:
+    """The node's name and labels for a check of something a policy declares: skip on a host without
+    GPUs or when nothing is declared."""
+    facts.require_gpu()
+    if declared is None:
+        raise Unavailable(SKIP, f"no {what} declared ({key} in a policy)")
+    meta = _node(facts, exp).get("metadata") or {}
+    return meta.get("name", "?"), meta.get("labels") or {}
+
+
 @check(
     "gpu.sharing",
     probes=(KUBE, HOST_FACTS),
@@ -132,12 +144,9 @@ MIG_STATE_LABEL = "nvidia.com/mig.config.state"
     summary="the node shares its GPUs as declared (gpu.sharing-strategy and gpu.replicas labels)",
 )
 def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    facts.require_gpu()
-    if exp.sharing_strategy is None:
-        raise Unavailable(SKIP, "no GPU sharing declared (gpu.sharing.strategy in a policy)")
-    node = _node(facts, exp)
-    name = (node.get("metadata") or {}).get("name", "?")
-    labels = (node.get("metadata") or {}).get("labels") or {}
+    name, labels = _declared_node_labels(
+        facts, exp, exp.sharing_strategy, "GPU sharing", "gpu.sharing.strategy"
+    )
     if not labels.get(SHARING_LABEL) and not labels.get(REPLICAS_LABEL) and exp.sharing_strategy != "none":
         return [
             outcome(FAIL, f"node {name} has no {SHARING_LABEL} label: gpu-feature-discovery not running?")
@@ -166,12 +175,7 @@ def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
     summary="the node's MIG layout is the declared one and the MIG manager reports success",
 )
 def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    facts.require_gpu()
-    if exp.mig_config is None:
-        raise Unavailable(SKIP, "no MIG layout declared (mig.config in a policy)")
-    node = _node(facts, exp)
-    name = (node.get("metadata") or {}).get("name", "?")
-    labels = (node.get("metadata") or {}).get("labels") or {}
+    name, labels = _declared_node_labels(facts, exp, exp.mig_config, "MIG layout", "mig.config")
     wanted, state = labels.get(MIG_CONFIG_LABEL), labels.get(MIG_STATE_LABEL)
     where = f"({exp.source('mig.config')})"
     if wanted != exp.mig_config:
