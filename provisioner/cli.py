@@ -296,62 +296,38 @@ def top(
 ) -> int:
     """The fleet's GPUs live: utilisation, memory, temperature, power, slowdowns, Xids of this boot."""
     import json
-    import threading
+
+    from rich.console import Console
+    from rich.live import Live
 
     from provisioner import top as T
 
     if output_format is not TopFormat.table and not once:
         raise typer.BadParameter("--format json|prometheus is for scripts: add --once", param_hint="--format")
-    if once:
+    console = Console(highlight=False, soft_wrap=False, width=max(120, Console().width))
+    # A terminal watching a live run gets one table redrawn; a pipe or a log gets one table per refresh.
+    live = Live(console=console, auto_refresh=False) if not once and sys.stdout.isatty() else None
 
-        def show(samples: list) -> None:
-            if output_format is TopFormat.json:
-                typer.echo(json.dumps(T.to_json(samples), indent=2))
-            elif output_format is TopFormat.prometheus:
-                typer.echo(T.to_prometheus(samples), nl=False)
+    def show(samples: list) -> None:
+        if output_format is TopFormat.json:
+            typer.echo(json.dumps(T.to_json(samples), indent=2))
+        elif output_format is TopFormat.prometheus:
+            typer.echo(T.to_prometheus(samples), nl=False)
+        else:
+            title = "" if once else f"gpuprov top  {time.strftime('%H:%M:%S')}  every {interval:g}s"
+            if live is not None:
+                live.update(T.table(samples, title + "  (Ctrl-C to quit)"), refresh=True)
             else:
-                from rich.console import Console
+                console.print(T.table(samples, title))
+                sys.stdout.flush()
 
-                width = max(120, Console().width)
-                Console(highlight=False, soft_wrap=False, width=width).print(T.table(samples))
-
-        last = T.run_top(inventory=inventory, local=local, limit=limit, once=True, interval=interval,
-                         parallel=parallel, timeout=timeout, show=show)  # fmt: skip
-        return 1 if any(s.error for s in last) else 0
-
-    stop = threading.Event()
-    if not sys.stdout.isatty():
-        # A pipe or a log: one table per refresh, one after the other.
-        from rich.console import Console
-
-        console = Console(highlight=False, soft_wrap=False, width=120)
-
-        def show_plain(samples: list) -> None:
-            console.print(T.table(samples, f"gpuprov top  {time.strftime('%H:%M:%S')}"))
-            sys.stdout.flush()
-
-        try:
-            T.run_top(inventory=inventory, local=local, limit=limit, once=False, interval=interval,
-                      parallel=parallel, timeout=timeout, show=show_plain, stop=stop)  # fmt: skip
-        except KeyboardInterrupt:
-            stop.set()
+    try:
+        with live or contextlib.nullcontext():
+            last = T.run_top(inventory=inventory, local=local, limit=limit, once=once, interval=interval,
+                             parallel=parallel, timeout=timeout, show=show)  # fmt: skip
+    except KeyboardInterrupt:
         return 0
-
-    from rich.live import Live
-
-    with Live(auto_refresh=False) as live:
-
-        def show_live(samples: list) -> None:
-            when = time.strftime("%H:%M:%S")
-            live.update(T.table(samples, f"gpuprov top  {when}  every {interval:g}s  (Ctrl-C to quit)"))
-            live.refresh()
-
-        try:
-            T.run_top(inventory=inventory, local=local, limit=limit, once=False, interval=interval,
-                      parallel=parallel, timeout=timeout, show=show_live, stop=stop)  # fmt: skip
-        except KeyboardInterrupt:
-            stop.set()
-    return 0
+    return 1 if once and any(s.error for s in last) else 0
 
 
 @app.command("upgrade-driver")

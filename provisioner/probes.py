@@ -703,7 +703,7 @@ class XidEvent:
     line: str
 
 
-_XID = re.compile(
+XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)\): "
     r"(?P<xid>\d+)\s*,?\s*(?P<msg>.*)$"
 )
@@ -729,7 +729,7 @@ def parse_kernel_log(text: str) -> list[XidEvent]:
     for i, line in enumerate(lines):
         if "NVRM" not in line:
             continue
-        m = _XID.search(line)
+        m = XID_LINE.search(line)
         if m:
             events.append(XidEvent(int(m.group("xid")), m.group("pci").lower(), m.group("msg").strip(), line))
             continue
@@ -739,12 +739,12 @@ def parse_kernel_log(text: str) -> list[XidEvent]:
             if "fallen off the bus" in window:
                 fallen.append(XidEvent(79, f.group("pci").lower(), "GPU has fallen off the bus", line))
     # Drivers that print an Xid 79 line also print the "fallen off the bus" report: one event, not two.
-    seen_79 = {_pci_device(e.pci) for e in events if e.xid == 79}
-    events.extend(e for e in fallen if _pci_device(e.pci) not in seen_79)
+    seen_79 = {pci_device(e.pci) for e in events if e.xid == 79}
+    events.extend(e for e in fallen if pci_device(e.pci) not in seen_79)
     return events
 
 
-def _pci_device(pci: str) -> str:
+def pci_device(pci: str) -> str:
     """domain:bus:device, without the function and with an 8-digit domain cut to 4 (as lspci prints)."""
     base = pci.split(".", 1)[0].lower()
     domain, _, rest = base.partition(":")

@@ -183,24 +183,16 @@ def parse_query(text: str) -> list[GpuSample]:
     return gpus
 
 
-_XID_LINE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): (?P<xid>\d+)"
-)
-
-
 def attach_xids(gpus: list[GpuSample], log: str) -> list[GpuSample]:
-    """Each GPU with the Xids its PCI device reported this boot (matched on domain:bus:device)."""
-
-    def device(bus_id: str) -> str:
-        base = bus_id.split(".", 1)[0].lower()
-        domain, _, rest = base.partition(":")
-        return f"{domain[-4:]}:{rest}"
-
+    """Each GPU with the Xids its PCI device reported this boot, matched as verification's gpu.xid
+    matches them (probes' Xid line pattern and PCI device key)."""
     by_device: dict[str, list[int]] = {}
-    for m in _XID_LINE.finditer(log):
-        by_device.setdefault(device(m["pci"]), []).append(int(m["xid"]))
+    for line in log.splitlines():
+        m = P.XID_LINE.search(line)
+        if m:
+            by_device.setdefault(P.pci_device(m.group("pci")), []).append(int(m.group("xid")))
     return [
-        GpuSample(**{**g.__dict__, "xids": by_device.get(device(g.bus_id), [])})  # type: ignore[arg-type]
+        GpuSample(**{**g.__dict__, "xids": by_device.get(P.pci_device(g.bus_id), [])})  # type: ignore[arg-type]
         for g in gpus
     ]
 
@@ -276,10 +268,6 @@ def to_json(samples: Sequence[HostSample]) -> dict[str, Any]:
     return {"collector": "gpuprov top", "hosts": [s.to_dict() for s in samples]}
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 PROMETHEUS_METRICS = (
     ("gpuprov_gpu_utilization_ratio", "GPU utilisation (0-1)", lambda g: g.util_gpu, 0.01),
     ("gpuprov_gpu_memory_used_bytes", "framebuffer memory used", lambda g: g.mem_used_mib, 1024 * 1024),
@@ -298,6 +286,7 @@ PROMETHEUS_METRICS = (
 
 def to_prometheus(samples: Sequence[HostSample]) -> str:
     from provisioner.hosttext import safe_text
+    from provisioner.report.prometheus import labels as prom_labels
 
     lines: list[str] = []
     for metric, help_text, get, scale in PROMETHEUS_METRICS:
@@ -307,14 +296,13 @@ def to_prometheus(samples: Sequence[HostSample]) -> str:
                 value = get(g)
                 if value is None:
                     continue
-                labels = (
-                    f'host="{_label(safe_text(s.host))}",gpu="{g.index}",'
-                    f'uuid="{_label(safe_text(g.uuid))}",name="{_label(safe_text(g.name))}"'
+                labels = prom_labels(
+                    host=safe_text(s.host), gpu=str(g.index), uuid=safe_text(g.uuid), name=safe_text(g.name)
                 )
-                lines.append(f"{metric}{{{labels}}} {value * scale:.15g}")
+                lines.append(f"{metric}{labels} {value * scale:.15g}")
     lines += ["# HELP gpuprov_top_host_up 1 when the host answered", "# TYPE gpuprov_top_host_up gauge"]
     lines += [
-        f'gpuprov_top_host_up{{host="{_label(safe_text(s.host))}"}} {0 if s.error else 1}' for s in samples
+        f"gpuprov_top_host_up{prom_labels(host=safe_text(s.host))} {0 if s.error else 1}" for s in samples
     ]
     return "\n".join(lines) + "\n"
 
@@ -389,8 +377,8 @@ def run_top(
     show: Callable[[list[HostSample]], None],
     stop: threading.Event | None = None,
 ) -> list[HostSample]:
-    """Sample the fleet once, or every `interval` seconds until `stop` is set (Ctrl-C in the CLI);
-    `show` gets each refresh. Returns the last one."""
+    """Sample the fleet once, or every `interval` seconds until `stop` is set or Ctrl-C; `show` gets
+    each refresh. Returns the last one."""
     from provisioner.errors import InputError
 
     if not (0.5 <= interval <= 3600):

@@ -20,8 +20,9 @@ def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items()) + "}"
+def labels(**values: str) -> str:
+    """`{k="v",...}` with values escaped as the exposition format wants them."""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in values.items()) + "}"
 
 
 def _timestamp(iso: str) -> float:
@@ -47,14 +48,14 @@ def render_prometheus(report: Report) -> str:
         for check_id in report.checks:
             status = h.status_of(check_id)
             if status is not None:
-                lines.append(f"gpuprov_check_status{_labels(host=h.host, check=check_id)} {CODE[status]}")
+                lines.append(f"gpuprov_check_status{labels(host=h.host, check=check_id)} {CODE[status]}")
     family("gpuprov_check_ok", "gauge", "1 when the check passed or did not apply (skip), else 0.")
     for h in report.hosts:
         for check_id in report.checks:
             status = h.status_of(check_id)
             if status is not None:
                 ok = 1 if status in (PASS, SKIP) else 0
-                lines.append(f"gpuprov_check_ok{_labels(host=h.host, check=check_id)} {ok}")
+                lines.append(f"gpuprov_check_ok{labels(host=h.host, check=check_id)} {ok}")
     family(
         "gpuprov_gpu_check_status",
         "gauge",
@@ -68,14 +69,14 @@ def render_prometheus(report: Report) -> str:
         for (check_id, gpu), statuses in sorted(per_gpu.items()):
             rank = CODE[worst(statuses)]
             lines.append(
-                f"gpuprov_gpu_check_status{_labels(host=h.host, check=check_id, gpu=str(gpu))} {rank}"
+                f"gpuprov_gpu_check_status{labels(host=h.host, check=check_id, gpu=str(gpu))} {rank}"
             )
     family("gpuprov_host_reachable", "gauge", "1 when the host could be probed, else 0.")
     for h in report.hosts:
-        lines.append(f"gpuprov_host_reachable{_labels(host=h.host)} {0 if h.error else 1}")
+        lines.append(f"gpuprov_host_reachable{labels(host=h.host)} {0 if h.error else 1}")
     family("gpuprov_host_probe_duration_seconds", "gauge", "Time spent probing the host.")
     for h in report.hosts:
-        lines.append(f"gpuprov_host_probe_duration_seconds{_labels(host=h.host)} {h.duration_s:.3f}")
+        lines.append(f"gpuprov_host_probe_duration_seconds{labels(host=h.host)} {h.duration_s:.3f}")
     family("gpuprov_last_run_timestamp_seconds", "gauge", "When this verification ran (Unix time).")
     lines.append(f"gpuprov_last_run_timestamp_seconds {_timestamp(report.started_at):.0f}")
     return "\n".join(lines) + "\n"
