@@ -386,6 +386,63 @@ def upgrade_driver(
     return show(result, output_format.value)
 
 
+mig_app = typer.Typer(help="MIG layouts on Kubernetes GPU nodes, through the GPU Operator's MIG manager.")
+app.add_typer(mig_app, name="mig")
+
+
+@mig_app.command("apply")
+def mig_apply(
+    inventory: InventoryOpt = None,
+    limit: LimitOpt = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
+    ] = None,
+    canary: Annotated[int | None, typer.Option("--canary", help="Hosts changed alone first.")] = None,
+    max_fail: Annotated[
+        int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Seconds the MIG manager gets per node to report (default 600)."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the latest unfinished run (a node whose MIG manager failed gets a new "
+            "manager pod, which retries the layout).",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and print the plan; change nothing.")
+    ] = False,
+    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> int:
+    """Apply each GPU host's declared MIG layout (gpuprov_mig_config), batch by batch: cordon, evict GPU
+    pods, set nvidia.com/mig.config, wait for the MIG manager, verify devices and allocatable, uncordon."""
+    from provisioner.migapply.verb import run_mig_apply
+    from provisioner.upgrade.render import Progress, render_summary
+
+    result = run_mig_apply(
+        inventory=inventory,
+        limit=limit,
+        batch=batch,
+        canary=canary,
+        max_fail=max_fail,
+        resume=resume,
+        dry_run=dry_run,
+        state_timeout=timeout,
+        progress=Progress(),
+    )
+    if result.summary is not None:
+        render_summary(result.summary, output_format.value)
+    else:
+        sys.stdout.write(result.plan_text)
+        for note in result.notes:
+            sys.stderr.write(f"note: {note}\n")
+    return result.exit_code
+
+
 def _confirm(question: str) -> bool:
     return bool(typer.confirm(question, default=False))
 

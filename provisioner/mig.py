@@ -260,3 +260,56 @@ def check_layout(
                 f"a {gpu.name} has {COMPUTE_SLICES} and {MEMORY_SLICES}"
             )
     return problems
+
+
+def wanted_devices(entries: list[MigEntry], gpus: Mapping[int, int]) -> dict[int, dict[str, int] | None]:
+    """What a layout's entries ask of each GPU (index → device id): profile → count, or None for MIG off.
+
+    Entries apply in order and a later one that selects the same GPU wins, as mig-parted applies them one
+    after the other. A GPU no entry selects keeps MIG off (absent from the answer)."""
+    out: dict[int, dict[str, int] | None] = {}
+    for entry in entries:
+        for index, device_id in gpus.items():
+            if entry.devices != "all" and index not in entry.devices:
+                continue
+            if not entry.applies_to(device_id):
+                continue
+            out[index] = dict(entry.mig_devices) if entry.enabled else None
+    return out
+
+
+def single_strategy_problem(wanted: Mapping[int, dict[str, int] | None]) -> str | None:
+    """Why the layout cannot be advertised under the single strategy (None: it can). The device plugin's
+    single strategy exposes MIG devices as nvidia.com/gpu and requires every GPU of the node to be MIG
+    enabled with one and the same profile (NVIDIA k8s-device-plugin, docs on MIG strategies)."""
+    profiles = {p for counts in wanted.values() if counts for p, n in counts.items() if n}
+    disabled = [i for i, counts in wanted.items() if counts is None]
+    if not profiles:
+        return None
+    if len(profiles) > 1:
+        return f"mixes profiles {', '.join(sorted(profiles))} on one node: needs mig strategy mixed"
+    if disabled:
+        return f"leaves GPU {disabled[0]} without MIG next to MIG devices: needs mig strategy mixed"
+    return None
+
+
+# `nvidia-smi -L`: a GPU line, then its MIG devices indented under it.
+_L_GPU = re.compile(r"^GPU (?P<index>\d+): ")
+_L_MIG = re.compile(r"^\s+MIG (?P<profile>\d+g\.\d+gb(?:\+me)?)\s+Device\s+(?P<dev>\d+): ")
+
+
+def parse_mig_devices(listing: str) -> dict[int, dict[str, int]]:
+    """GPU index → MIG profile → devices, from `nvidia-smi -L` (GPUs without MIG devices map to {})."""
+    out: dict[int, dict[str, int]] = {}
+    current: int | None = None
+    for line in listing.splitlines():
+        m = _L_GPU.match(line)
+        if m:
+            current = int(m["index"])
+            out[current] = {}
+            continue
+        m = _L_MIG.match(line)
+        if m and current is not None:
+            counts = out[current]
+            counts[m["profile"]] = counts.get(m["profile"], 0) + 1
+    return out

@@ -120,8 +120,10 @@ class KubectlOverSsh:
         connect_timeout: float = 10.0,
         poll_s: float = 1.0,
         executor: SshExecutor | None = None,
+        annotation: str = ANNOTATION,
     ) -> None:
         self.spec = spec
+        self.annotation = annotation  # the node annotation that says why a node was left cordoned
         self.host = spec.name
         self.become = needs_become(spec)
         self.poll_s = poll_s
@@ -264,7 +266,7 @@ class KubectlOverSsh:
             time.sleep(self.poll_s)
 
     def annotate(self, name: str, text: str | None) -> None:
-        value = f"{ANNOTATION}-" if text is None else f"{ANNOTATION}={text}"
+        value = f"{self.annotation}-" if text is None else f"{self.annotation}={text}"
         res = self.kubectl("annotate", "--overwrite", "--", "node", name, value)
         if text is not None:
             self._ok(f"annotate node {name}", res)

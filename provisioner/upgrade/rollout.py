@@ -102,7 +102,13 @@ class _Interrupted(Exception):
 
 
 class Rollout:
-    """Runs a plan wave by wave against a fleet, recording every step in the state."""
+    """Runs a plan wave by wave against a fleet, recording every step in the state.
+
+    The driver upgrade is the change made here; another rolling change (a MIG layout) subclasses it and
+    replaces the host steps (_prepare, _install, _complete), keeping the waves, canary, failure budget,
+    pause, Ctrl-C handling and the state file."""
+
+    DONE = "upgraded"  # how a host that got the change is reported
 
     def __init__(
         self,
@@ -212,12 +218,7 @@ class Rollout:
             for h in ready:
                 self._end_interrupted(h)
             return
-        try:
-            results = self.fleet.upgrade(
-                ready, self.opt.target, reboot_allowed=self.opt.reboot_allowed, on_step=self._on_step
-            )
-        except GpuprovError as exc:
-            results = {h: InstallOutcome("failed", f"install: {exc}") for h in ready}
+        results = self._install(ready)
         verify: list[str] = []
         for h in ready:
             res = results.get(h) or InstallOutcome("failed", "install: no result for this host")
@@ -240,6 +241,15 @@ class Rollout:
             self._step(h, VERIFYING)
         after = self._guard_probe(verify)
         self._parallel(verify, lambda h: self._guard(h, lambda: self._complete(h, after[h])))
+
+    def _install(self, hosts: list[str]) -> dict[str, InstallOutcome]:
+        """The change itself on the wave's prepared hosts (here: the driver, through the fleet)."""
+        try:
+            return self.fleet.upgrade(
+                hosts, self.opt.target, reboot_allowed=self.opt.reboot_allowed, on_step=self._on_step
+            )
+        except GpuprovError as exc:
+            return {h: InstallOutcome("failed", f"install: {exc}") for h in hosts}
 
     def _guard_probe(self, hosts: list[str]) -> dict[str, HostProbe]:
         try:
@@ -292,7 +302,7 @@ class Rollout:
         self.state.finish(host, result, reason)
         s = self.state.hosts[host]
         what = {
-            UPGRADED: f"upgraded {s.from_version or '?'} → {s.to_version or '?'}",
+            UPGRADED: f"{self.DONE} {s.from_version or '?'} → {s.to_version or '?'}",
             SKIPPED: "skipped",
             FAILED: "FAILED",
             REBOOT_PENDING: "REBOOT PENDING",

@@ -47,9 +47,11 @@ NEXT: dict[str, frozenset[str]] = {
     PENDING: frozenset({PROBING}),
     PROBING: frozenset({CORDONING, STOPPING, VERIFYING}),
     CORDONING: frozenset({DRAINING, UNCORDONING}),
-    DRAINING: frozenset({STOPPING, UNCORDONING}),
+    # A MIG layout change has no host-side stop: from the drain straight to applying (INSTALLING), and
+    # from there to verifying (the MIG manager reconfigures the GPUs without a module reload).
+    DRAINING: frozenset({STOPPING, INSTALLING, UNCORDONING}),
     STOPPING: frozenset({INSTALLING, UNCORDONING}),
-    INSTALLING: frozenset({RELOADING, REBOOTING}),
+    INSTALLING: frozenset({RELOADING, REBOOTING, VERIFYING}),
     RELOADING: frozenset({VERIFYING, REBOOTING}),
     REBOOTING: frozenset({VERIFYING}),
     VERIFYING: frozenset({UNCORDONING}),
@@ -153,11 +155,18 @@ class UpgradeState:
 
     @classmethod
     def create(
-        cls, record: Path, *, inventory: str, options: dict[str, Any], plan: dict[str, Any], hosts: list[str]
+        cls,
+        record: Path,
+        *,
+        inventory: str,
+        options: dict[str, Any],
+        plan: dict[str, Any],
+        hosts: list[str],
+        verb: str = VERB,
     ) -> UpgradeState:
         doc: dict[str, Any] = {
             "format": FORMAT,
-            "verb": VERB,
+            "verb": verb,
             "inventory": inventory,
             "record": str(record),
             "options": options,
@@ -170,7 +179,7 @@ class UpgradeState:
         return state
 
     @classmethod
-    def load(cls, record: Path) -> UpgradeState:
+    def load(cls, record: Path, verb: str = VERB) -> UpgradeState:
         path = record / STATE_FILE
         try:
             doc = json.loads(path.read_text())
@@ -178,8 +187,8 @@ class UpgradeState:
             raise InputError(f"{path}: no upgrade state in this run record") from exc
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: unreadable upgrade state: {exc}") from exc
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("verb") != VERB:
-            raise InputError(f"{path}: not an upgrade-driver state file of format {FORMAT}")
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("verb") != verb:
+            raise InputError(f"{path}: not a {verb} state file of format {FORMAT}")
         hosts = {h: HostState.from_dict(h, d) for h, d in (doc.pop("hosts", None) or {}).items()}
         return cls(path, doc, hosts)
 
@@ -282,16 +291,16 @@ class UpgradeState:
 # ------------------------------------------------------------------------------------ finding runs
 
 
-def upgrade_records() -> Iterator[Path]:
+def upgrade_records(verb: str = VERB) -> Iterator[Path]:
     base = records.runs_dir()
     if not base.is_dir():
         return
-    yield from sorted((p for p in base.glob(f"*-{VERB}*") if (p / STATE_FILE).is_file()), reverse=True)
+    yield from sorted((p for p in base.glob(f"*-{verb}*") if (p / STATE_FILE).is_file()), reverse=True)
 
 
-def latest_for(inventory: str) -> Path | None:
-    """The newest upgrade record of this inventory (finished or not)."""
-    for path in upgrade_records():
+def latest_for(inventory: str, verb: str = VERB) -> Path | None:
+    """The newest record of this inventory's rolling runs of `verb` (finished or not)."""
+    for path in upgrade_records(verb):
         try:
             doc = json.loads((path / STATE_FILE).read_text())
         except (OSError, ValueError):
@@ -301,20 +310,23 @@ def latest_for(inventory: str) -> Path | None:
     return None
 
 
-def resumable(inventory: str) -> Path:
-    """The latest upgrade of this inventory, which must be unfinished; InputError otherwise."""
-    path = latest_for(inventory)
+def resumable(inventory: str, verb: str = VERB) -> Path:
+    """The latest run of `verb` on this inventory, which must be unfinished; InputError otherwise."""
+    path = latest_for(inventory, verb)
     if path is None:
-        raise InputError(f"--resume: no upgrade-driver run recorded for {inventory}")
-    state = UpgradeState.load(path)
+        raise InputError(f"--resume: no {verb} run recorded for {inventory}")
+    state = UpgradeState.load(path, verb)
     if state.finished:
-        raise InputError(f"--resume: the latest upgrade of {inventory} ({path}) finished; nothing to resume")
+        raise InputError(
+            f"--resume: the latest {verb} run on {inventory} ({path}) finished; nothing to resume"
+        )
     return path
 
 
 @contextlib.contextmanager
 def inventory_lock(inventory: str) -> Iterator[None]:
-    """One upgrade at a time per inventory: a second one is refused before it touches anything."""
+    """One rolling run (driver upgrade or MIG change: both cordon and drain) at a time per inventory: a
+    second one is refused before it touches anything."""
     locks = records.home() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(inventory.encode()).hexdigest()[:16]
@@ -326,7 +338,8 @@ def inventory_lock(inventory: str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             raise InputError(
-                f"another upgrade-driver run (pid {holder}) is working on {inventory}; wait for it or stop it"
+                f"another rolling run (upgrade-driver or mig apply, pid {holder}) is working on {inventory}; "
+                "wait for it or stop it"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

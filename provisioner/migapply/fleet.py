@@ -1,0 +1,271 @@
+"""The hosts and the cluster behind `gpuprov mig apply`.
+
+Hosts are read over SSH (read-only: the GPUs with their PCI device ids and MIG mode, the MIG devices
+`nvidia-smi -L` lists, who the host is). The cluster is driven through kubectl on the first control-plane
+host (the upgrade's KubectlOverSsh), where the GPU Operator's MIG manager is told what to do by the node
+label protocol of NVIDIA mig-parted's k8s-mig-manager:
+
+- gpuprov sets `nvidia.com/mig.config=<layout>`; the manager takes the GPU operands off the node (their
+  `nvidia.com/gpu.deploy.<operand>` labels become `paused-for-mig-change`), stops the host's GPU clients,
+  applies the layout with nvidia-mig-parted, restarts the clients, puts the operand labels back and
+  reports through `nvidia.com/mig.config.state`: pending, rebooting, success or failed.
+- The manager acts on label changes only: writing the same value again does nothing (NVIDIA
+  gpu-operator#2833). It reads the label when it starts, so a new manager pod retries a layout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
+from provisioner.hosttext import last_line, short_safe_text
+from provisioner.inventory import needs_become
+from provisioner.mig import parse_mig_devices
+from provisioner.upgrade.adapters import KubectlOverSsh
+from provisioner.upgrade.model import StepFailed
+from provisioner.upgrade.plan import HostProbe, valid_node_name
+
+CONFIG_LABEL = "nvidia.com/mig.config"
+STATE_LABEL = "nvidia.com/mig.config.state"
+PAUSED = "paused-for-mig-change"
+ANNOTATION = "gpuprov.io/mig-apply"  # on a node left cordoned: why
+MANAGER_APP = "nvidia-mig-manager"
+# The chart's defaults when the ClusterPolicy leaves them out (gpu-operator v25.10.0 api/nvidia/v1
+# clusterpolicy_types.go: MIGStrategy single; the MIG manager's default config map).
+DEFAULT_STRATEGY = "single"
+DEFAULT_CONFIG_MAP = "default-mig-parted-config"
+
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,pci.device_id,driver_version,mig.mode.current",
+    "--format=csv,noheader",
+]
+_ROW = re.compile(r"^\s*(\d+),\s*0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4}),\s*([0-9.]+),\s*(.+?)\s*$")
+
+
+@dataclass
+class GpuRow:
+    index: int
+    device_id: int
+    mig_mode: str  # Enabled | Disabled | [N/A]
+
+
+@dataclass
+class MigProbe(HostProbe):
+    """What `mig apply` reads from a host: its GPUs and MIG devices, besides who it is."""
+
+    gpus: list[GpuRow] = field(default_factory=list)
+    devices: dict[int, dict[str, int]] = field(default_factory=dict)  # nvidia-smi -L
+
+    @property
+    def device_ids(self) -> dict[int, int]:
+        return {g.index: g.device_id for g in self.gpus}
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = super().to_dict()
+        doc["gpus"] = [[g.index, f"0x{g.device_id:04x}", g.mig_mode] for g in self.gpus]
+        doc["mig_devices"] = {str(i): c for i, c in self.devices.items()}
+        return doc
+
+
+def parse_gpu_rows(text: str) -> list[GpuRow]:
+    """`nvidia-smi --query-gpu=index,pci.device_id,driver_version,mig.mode.current` (pci.device_id reads
+    like 0x233510DE: device, then vendor); ValueError on anything else."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _ROW.match(line)
+        if not m or m.group(3).upper() != "10DE":
+            raise ValueError(f"unexpected nvidia-smi line: {short_safe_text(line)!r}")
+        rows.append(GpuRow(int(m.group(1)), int(m.group(2), 16), m.group(5)))
+    return rows
+
+
+@dataclass(frozen=True)
+class ClusterMig:
+    """The GPU Operator's MIG settings as the cluster has them."""
+
+    strategy: str
+    manager_enabled: bool
+    config_map: str
+    config_text: str  # config.yaml of that ConfigMap
+
+
+class MigFleet:
+    """GPU hosts over SSH; the cluster through kubectl on the first control-plane host."""
+
+    def __init__(
+        self,
+        *,
+        hosts: Sequence[Any],
+        control_plane: Any,
+        namespace: str,
+        connect_timeout: float = 10.0,
+        poll_s: float = 2.0,
+    ) -> None:
+        self.specs = {h.name: h for h in hosts}
+        self.namespace = namespace
+        self.connect_timeout = connect_timeout
+        self.poll_s = poll_s
+        self._live = OpenConnections()
+        self.kube = KubectlOverSsh(control_plane, self._live, connect_timeout, annotation=ANNOTATION)
+
+    # -- hosts
+
+    def _probe_one(self, name: str) -> MigProbe:
+        spec = self.specs[name]
+        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
+        self._live.add(ex)
+        sudo = ["sudo", "-n", "--"] if needs_become(spec) else []
+        try:
+            hostname = ex.run(["cat", "/proc/sys/kernel/hostname"], 15).stdout.strip().lower()
+            machine_id = ex.run(["cat", "/etc/machine-id"], 15).stdout.strip()
+            query = ex.run([*sudo, *_QUERY], 60)
+            listing = ex.run([*sudo, "nvidia-smi", "-L"], 60)
+        except ExecutorError as exc:
+            return MigProbe(name, error=exc.reason)
+        finally:
+            self._live.discard(ex)
+            ex.close()
+        probe = MigProbe(
+            name,
+            machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
+            address=ex.target.address,
+            node=hostname if valid_node_name(hostname) else None,
+            node_error=None
+            if valid_node_name(hostname)
+            else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",
+        )
+        if query.rc != 0:
+            probe.error = f"nvidia-smi: {last_line(query.stdout + query.stderr) or f'exit {query.rc}'}"
+            return probe
+        try:
+            probe.gpus = parse_gpu_rows(query.stdout)
+        except ValueError as exc:
+            probe.error = str(exc)
+            return probe
+        probe.loaded = query.stdout.split(",")[2].strip() if probe.gpus else None
+        probe.gpus_driver = len(probe.gpus)
+        probe.driver_ok = bool(probe.gpus)
+        probe.devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else {}
+        return probe
+
+    def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:
+        if len(hosts) == 1:
+            return {hosts[0]: self._probe_one(hosts[0])}
+        with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-mig") as pool:
+            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
+
+    # -- the cluster
+
+    def _json(self, what: str, *args: str) -> dict[str, Any]:
+        res = self.kube.kubectl(*args)
+        if res.rc != 0:
+            raise StepFailed(f"kubectl {what}: {last_line(res.stderr) or f'exit {res.rc}'}")
+        try:
+            doc = json.loads(res.stdout)
+        except ValueError as exc:
+            raise StepFailed(f"kubectl {what}: not JSON: {last_line(res.stdout)}") from exc
+        if not isinstance(doc, dict):
+            raise StepFailed(f"kubectl {what}: not a JSON object")
+        return doc
+
+    def cluster_mig(self) -> ClusterMig:
+        """The ClusterPolicy's MIG strategy and MIG manager config, and that config's text."""
+        items = self._json("get clusterpolicies", "get", "clusterpolicies.nvidia.com", "-o", "json")
+        policies = items.get("items") or []
+        if len(policies) != 1:
+            raise StepFailed(f"expected one GPU Operator ClusterPolicy, found {len(policies)}")
+        spec = policies[0].get("spec") or {}
+        manager = spec.get("migManager") or {}
+        name = str((manager.get("config") or {}).get("name") or DEFAULT_CONFIG_MAP)
+        cm = self._json(
+            f"get configmap {self.namespace}/{name}",
+            "get",
+            "configmap",
+            "-n",
+            self.namespace,
+            "-o",
+            "json",
+            "--",
+            name,
+        )
+        text = (cm.get("data") or {}).get("config.yaml")
+        if not isinstance(text, str):
+            raise StepFailed(f"configmap {self.namespace}/{name} has no config.yaml")
+        return ClusterMig(
+            strategy=str((spec.get("mig") or {}).get("strategy") or DEFAULT_STRATEGY),
+            manager_enabled=manager.get("enabled", True) is not False,
+            config_map=name,
+            config_text=text,
+        )
+
+    def node_doc(self, node: str) -> dict[str, Any]:
+        if not valid_node_name(node):
+            raise StepFailed(f"{short_safe_text(node)!r} is not a valid Kubernetes node name")
+        return self._json(f"get node {node}", "get", "node", "-o", "json", "--", node)
+
+    def labels(self, node: str) -> dict[str, str]:
+        meta = self.node_doc(node).get("metadata") or {}
+        return {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+
+    def restart_manager(self, node: str) -> None:
+        """Delete the node's MIG manager pod: its DaemonSet starts a new one, which applies the label."""
+        res = self.kube.kubectl(
+            "delete", "pod", "-n", self.namespace, "-l", f"app={MANAGER_APP}",
+            "--field-selector", f"spec.nodeName={node}", "--wait=false",
+        )  # fmt: skip
+        if res.rc != 0:
+            raise StepFailed(f"kubectl delete the MIG manager pod on {node}: {last_line(res.stderr)}")
+
+    def manager_log(self, node: str, lines: int = 5) -> str:
+        """The last lines of the node's MIG manager log (best effort: what it said about a failure)."""
+        res = self.kube.kubectl(
+            "logs", "-n", self.namespace, "-l", f"app={MANAGER_APP}", "-c", MANAGER_APP,
+            f"--tail={lines}", "--field-selector", f"spec.nodeName={node}",
+        )  # fmt: skip
+        return res.stdout.strip() if res.rc == 0 else ""
+
+    def wait_state(self, node: str, layout: str, timeout: float) -> tuple[str, dict[str, str]]:
+        """Wait until the MIG manager reports success or failed for `layout`: (state, labels);
+        ("timeout", labels) when it did not within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            labels = self.labels(node)
+            state = labels.get(STATE_LABEL, "")
+            if labels.get(CONFIG_LABEL) != layout:
+                raise StepFailed(
+                    f"{CONFIG_LABEL} changed to {short_safe_text(labels.get(CONFIG_LABEL, 'nothing'))!r} "
+                    "while gpuprov waited: someone else is changing this node's layout"
+                )
+            if state in ("success", "failed"):
+                return state, labels
+            if time.monotonic() >= deadline:
+                return "timeout", labels
+            time.sleep(self.poll_s)
+
+    def interrupt(self) -> None:
+        self._live.close_all()
+
+    def close(self) -> None:
+        self.kube.close()
+
+
+def allocatable(node_doc: Mapping[str, Any]) -> dict[str, int]:
+    """The node's allocatable NVIDIA resources (nvidia.com/gpu, nvidia.com/mig-<profile>) as integers."""
+    out: dict[str, int] = {}
+    for key, value in ((node_doc.get("status") or {}).get("allocatable") or {}).items():
+        if str(key).startswith("nvidia.com/"):
+            try:
+                out[str(key)] = int(str(value))
+            except ValueError:
+                continue
+    return out
