@@ -27,6 +27,11 @@ from provisioner.yamlfile import load_strict
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
+# The GPU Operator MIG manager's node labels (NVIDIA mig-parted k8s-mig-manager): the layout wanted, and
+# how applying it went (pending, rebooting, success, failed).
+CONFIG_LABEL = "nvidia.com/mig.config"
+STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_OFF = "all-disabled"
 
 
 @dataclass(frozen=True)

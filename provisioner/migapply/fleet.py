@@ -26,13 +26,11 @@ from typing import Any
 from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.inventory import needs_become
-from provisioner.mig import parse_mig_devices
+from provisioner.mig import CONFIG_LABEL, STATE_LABEL, parse_mig_devices
 from provisioner.upgrade.adapters import KubectlOverSsh
 from provisioner.upgrade.model import StepFailed
 from provisioner.upgrade.plan import HostProbe, valid_node_name
 
-CONFIG_LABEL = "nvidia.com/mig.config"
-STATE_LABEL = "nvidia.com/mig.config.state"
 PAUSED = "paused-for-mig-change"
 ANNOTATION = "gpuprov.io/mig-apply"  # on a node left cordoned: why
 MANAGER_APP = "nvidia-mig-manager"
@@ -62,7 +60,6 @@ class MigProbe(HostProbe):
     """What `mig apply` reads from a host: its GPUs and MIG devices, besides who it is."""
 
     gpus: list[GpuRow] = field(default_factory=list)
-    devices: dict[int, dict[str, int]] = field(default_factory=dict)  # nvidia-smi -L
 
     @property
     def device_ids(self) -> dict[int, int]:
@@ -71,7 +68,6 @@ class MigProbe(HostProbe):
     def to_dict(self) -> dict[str, Any]:
         doc = super().to_dict()
         doc["gpus"] = [[g.index, f"0x{g.device_id:04x}", g.mig_mode] for g in self.gpus]
-        doc["mig_devices"] = {str(i): c for i, c in self.devices.items()}
         return doc
 
 
@@ -155,7 +151,7 @@ class MigFleet:
         probe.loaded = query.stdout.split(",")[2].strip() if probe.gpus else None
         probe.gpus_driver = len(probe.gpus)
         probe.driver_ok = bool(probe.gpus)
-        probe.devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else {}
+        probe.mig_devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else None
         return probe
 
     def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:

@@ -77,7 +77,7 @@ def devices_problem(probe: MigProbe, wanted: Mapping[int, dict[str, int] | None]
     """How the host's MIG mode and devices differ from the layout (None: they match)."""
     for gpu in probe.gpus:
         want = wanted.get(gpu.index)
-        have = {p: n for p, n in probe.devices.get(gpu.index, {}).items() if n}
+        have = {p: n for p, n in (probe.mig_devices or {}).get(gpu.index, {}).items() if n}
         if want is None:
             if gpu.mig_mode == "Enabled":
                 return f"GPU {gpu.index}: MIG mode is Enabled, the layout leaves it off"

@@ -40,6 +40,7 @@ from provisioner.executors import (
 from provisioner.expectations import Expectations
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.inventory import needs_become
+from provisioner.mig import parse_mig_devices
 from provisioner.upgrade.model import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
 from provisioner.upgrade.plan import DriverTarget, HostProbe, valid_node_name
 
@@ -339,6 +340,8 @@ class RealFleet:
             hostname = res.stdout.strip().lower() if res.rc == 0 else ""
             res = ex.run(["cat", "/etc/machine-id"], 15)
             machine_id = res.stdout.strip() if res.rc == 0 else ""
+            # The MIG devices: a driver reload destroys them; the MIG manager must bring them back.
+            listing = ex.run([*(["sudo", "-n", "--"] if needs_become(spec) else []), "nvidia-smi", "-L"], 60)
         except ExecutorError as exc:
             return HostProbe(name, error=exc.reason)
         finally:
@@ -348,6 +351,7 @@ class RealFleet:
             probe_from_results(name, results, hostname if valid_node_name(hostname) else None),
             machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
             address=ex.target.address,
+            mig_devices=parse_mig_devices(listing.stdout) if listing.rc == 0 else None,
             node_error=None
             if not hostname or valid_node_name(hostname)
             else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",

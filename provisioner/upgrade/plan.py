@@ -138,6 +138,9 @@ class HostProbe:
     machine_id: str | None = None
     address: str | None = None
     node_error: str | None = None
+    # GPU index → MIG profile → devices (`nvidia-smi -L`); None: not read. A driver reload destroys the
+    # GPU instances: the upgrade checks they are back as they were.
+    mig_devices: dict[int, dict[str, int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +155,9 @@ class HostProbe:
             "machine_id": self.machine_id,
             "address": self.address,
             "node_error": self.node_error,
+            "mig_devices": None
+            if self.mig_devices is None
+            else {str(i): dict(c) for i, c in self.mig_devices.items()},
         }
 
     @classmethod
@@ -169,6 +175,9 @@ class HostProbe:
             machine_id=doc.get("machine_id"),
             address=doc.get("address"),
             node_error=doc.get("node_error"),
+            mig_devices=None
+            if doc.get("mig_devices") is None
+            else {int(i): {str(p): int(n) for p, n in c.items()} for i, c in doc["mig_devices"].items()},
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.errors import GpuprovError
+from provisioner.mig import CONFIG_LABEL, MIG_OFF, STATE_LABEL
 from provisioner.upgrade.model import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_OPERAND_TIMEOUT,
@@ -419,7 +421,55 @@ class Rollout:
             reason += f" ({'; '.join(problems)})"
         self._end(host, FAILED, reason)
 
-    def _put_back(self, host: str, node: str) -> list[str]:
+    def _mig_back(self, host: str, node: str, before: HostProbe) -> bool:
+        """A node with a MIG layout lost its GPU instances when the modules were unloaded. Its MIG manager
+        comes back with the operands and applies the layout again: wait for it to report success and for
+        the host's MIG devices to be what they were before the upgrade, before the node is uncordoned."""
+        kube = self.fleet.kube
+        assert kube is not None
+        had = {i: c for i, c in (before.mig_devices or {}).items() if c}
+        try:
+            info = kube.node(node)
+        except StepFailed as exc:
+            self._leave_cordoned(host, FAILED, f"verify: mig.config: {exc.reason}")
+            return False
+        layout = (info.labels if info else {}).get(CONFIG_LABEL)
+        if not had and (layout is None or layout == MIG_OFF):
+            return True
+        s = self.state.hosts[host]
+        if s.paused_labels:
+            problems = self._put_back(host, node, uncordon=False)
+            if problems:
+                self._leave_cordoned(host, FAILED, "verify: mig.config: " + "; ".join(problems))
+                return False
+        self.progress(host, f"MIG layout {layout or '?'}: waiting for the MIG manager to apply it again")
+        deadline = time.monotonic() + self.opt.operand_timeout
+        state, devices = "", None
+        while True:
+            self._check()
+            try:
+                info = kube.node(node)
+            except StepFailed as exc:
+                self._leave_cordoned(host, FAILED, f"verify: mig.config: {exc.reason}")
+                return False
+            state = (info.labels if info else {}).get(STATE_LABEL, "")
+            if state == "success":
+                after = self._guard_probe([host])[host]
+                devices = {i: c for i, c in (after.mig_devices or {}).items() if c}
+                if devices == had:
+                    return True
+            if state == "failed" or time.monotonic() >= deadline:
+                break
+            time.sleep(min(5.0, max(0.5, self.opt.operand_timeout / 60)))
+        why = (
+            f"the MIG manager reported {STATE_LABEL}={state or 'nothing'}"
+            if state != "success"
+            else f"MIG devices {devices or 'none'}, before the upgrade {had}"
+        )
+        self._leave_cordoned(host, FAILED, f"verify: mig.config: {layout}: {why}")
+        return False
+
+    def _put_back(self, host: str, node: str, uncordon: bool = True) -> list[str]:
         """Restore the operand labels we paused and uncordon (when we cordoned): what did not work."""
         kube = self.fleet.kube
         assert kube is not None
@@ -435,7 +485,7 @@ class Rollout:
                 self.state.update(host, paused_labels={})
             except StepFailed as exc:
                 problems.append(f"operand labels not restored: {exc.reason}")
-        if s.cordoned_by_us:
+        if s.cordoned_by_us and uncordon:
             try:
                 kube.uncordon(node)
                 self.state.update(host, cordoned_by_us=False)
@@ -463,6 +513,8 @@ class Rollout:
             return False
         s = self.state.hosts[host]
         self.state.update(host, to_version=after.loaded)
+        if s.node and self.fleet.kube is not None and not self._mig_back(host, s.node, before):
+            return False
         if s.node and self.fleet.kube is not None and (s.cordoned_by_us or s.paused_labels):
             self._step(host, UNCORDONING)
             problems = self._put_back(host, s.node)

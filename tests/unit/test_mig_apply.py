@@ -6,7 +6,6 @@ layouts before anything is touched; a failure leaves the node cordoned with its 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +198,7 @@ class FakeMigFleet:
                 gpus=[
                     GpuRow(i, device_id, "Enabled" if i in n["devices"] else "Disabled") for i in range(count)
                 ],
-                devices={i: dict(n["devices"].get(i, {})) for i in range(count)},
+                mig_devices={i: dict(n["devices"].get(i, {})) for i in range(count)},
             )
         return out
 
@@ -348,10 +347,9 @@ def test_bad_layout_name_names_host_and_key(env: Path) -> None:
 
 def test_real_mig_parted_refuses_an_unknown_field(tmp_path: Path) -> None:
     """NVIDIA's own parser (nvidia-mig-parted v0.15.0 built from source) judges the config map."""
-    vendor = os.environ.get("GPUPROV_VENDOR_DIR")
-    tool = Path(vendor or "/nonexistent") / "mig-parted" / "bin" / "nvidia-mig-parted"
-    if not tool.is_file():
-        pytest.skip("nvidia-mig-parted not available (GPUPROV_VENDOR_DIR)")
+    from gpuprov_lab import vendor
+
+    tool = vendor.artifact("mig-parted", "bin/nvidia-mig-parted")
     verb.assert_valid_config(str(tool), CONFIG, {"all-1g.18gb", "all-balanced"}, "cm")
     bad = CONFIG.replace('mig-devices:\n        "1g.18gb": 7', 'migdevices:\n        "1g.18gb": 7')
     with pytest.raises(InputError, match=r"nvidia-mig-parted refuses all-1g\.18gb"):

@@ -42,6 +42,11 @@ class FakeHost:
     machine_id: str = ""
     node_machine_id: str | None = None
     node_error: str | None = None  # what the real fleet says of a hostname that is no node name
+    # MIG: the devices the layout gives (GPU index → profile → count) and those present now; a driver
+    # reload destroys them, and the MIG manager makes them again when the operands come back
+    # (`mig-reapply-fails`: it reports failed instead).
+    mig_layout: dict[int, dict[str, int]] = field(default_factory=dict)
+    mig_now: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         import hashlib
@@ -88,6 +93,15 @@ class FakeKube:
     def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         self.fleet.log("label", name, dict(labels))
         host = self._host(name)
+        operands_back = labels.get("nvidia.com/gpu.deploy.operands", "") != "false" and (
+            host.labels.get("nvidia.com/gpu.deploy.operands") == "false"
+        )
+        if operands_back and host.mig_layout:
+            # the MIG manager pod starts again and applies the node's layout label
+            failed = "mig-reapply-fails" in host.faults
+            host.labels["nvidia.com/mig.config.state"] = "failed" if failed else "success"
+            if not failed:
+                host.mig_now = {i: dict(c) for i, c in host.mig_layout.items()}
         for k, v in labels.items():
             if v is None:
                 host.labels.pop(k, None)
@@ -163,6 +177,7 @@ class FakeFleet:
                 driver_detail="" if loaded else "NVIDIA kernel module not loaded",
                 machine_id=h.machine_id,
                 node_error=h.node_error,
+                mig_devices={i: dict(c) for i, c in h.mig_now.items()} if loaded else None,
             )
         return out
 
@@ -212,6 +227,7 @@ class FakeFleet:
             on_step(name, "reloading")
             h.version = version
             h.installed = None
+            h.mig_now = {}  # the module unload destroyed the GPU instances
             if "lose-gpu" in h.faults:
                 h.lost = 1
             if "xid-after" in h.faults:

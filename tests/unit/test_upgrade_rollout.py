@@ -445,3 +445,37 @@ def test_probe_cut_short_by_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Pa
     assert outcome.status == "interrupted"
     assert results(state) == {"gpu1": "interrupted", "gpu2": "interrupted"}
     assert all(fleet.touched(h) == [] for h in fleet.hosts)
+
+
+def _mig_host(name: str, *faults: str) -> FakeHost:
+    layout = {0: {"1g.18gb": 7}}
+    host = FakeHost(name, faults=set(faults), mig_layout=layout, mig_now={0: {"1g.18gb": 7}})
+    host.labels["nvidia.com/mig.config"] = "all-1g.18gb"
+    host.labels["nvidia.com/mig.config.state"] = "success"
+    return host
+
+
+def test_a_mig_node_is_uncordoned_only_once_its_layout_is_back(tmp_path: Path) -> None:
+    """The module unload destroys the GPU instances; the MIG manager (back with the operands) makes them
+    again. The node stays cordoned until the MIG devices are those of before the upgrade."""
+    fleet = FakeFleet([_mig_host("gpu1")])
+    rollout, state = start(fleet, tmp_path, operand_timeout=2.0)
+    rollout.run()
+    assert state.hosts["gpu1"].result == "upgraded", state.hosts["gpu1"].reason
+    host = fleet.hosts["gpu1"]
+    assert host.mig_now == {0: {"1g.18gb": 7}}
+    ops = fleet.touched("gpu1")
+    # Operands back (the manager re-applies) before the uncordon.
+    assert ops.index("upgrade") < max(i for i, op in enumerate(ops) if op == "label") < ops.index("uncordon")
+
+
+def test_a_mig_layout_not_restored_keeps_the_node_cordoned(tmp_path: Path) -> None:
+    fleet = FakeFleet([_mig_host("gpu1", "mig-reapply-fails")])
+    rollout, state = start(fleet, tmp_path, operand_timeout=2.0)
+    rollout.run()
+    s = state.hosts["gpu1"]
+    assert s.result == "failed"
+    assert "mig.config: all-1g.18gb: the MIG manager reported nvidia.com/mig.config.state=failed" in s.reason
+    host = fleet.hosts["gpu1"]
+    assert host.unschedulable
+    assert host.labels["nvidia.com/gpu.deploy.device-plugin"] == "true"  # operands were put back
