@@ -120,7 +120,7 @@ def lab_fault(
         str,
         typer.Argument(
             help="ecc, xid, pcie, gpu-missing, remap-pending, remap-failure, install-fail, drain-block, "
-            "unreachable; or clear."
+            "unreachable, mig-fail; or clear."
         ),
     ],
     gpu: Annotated[int | None, typer.Option("--gpu", help="GPU index for GPU faults (default 0).")] = None,

@@ -18,7 +18,8 @@ from gpuprov_lab.errors import LabError
 from provisioner.errors import InputError
 
 GPU_KINDS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
-HOST_KINDS = ("install-fail", "drain-block", "unreachable")
+# mig-fail: `nvidia-smi -mig 1` fails on the host's GPUs (the emulation's gpuprovsim/mig.py reads it).
+HOST_KINDS = ("install-fail", "drain-block", "unreachable", "mig-fail")
 KINDS = GPU_KINDS + HOST_KINDS
 CLEAR = "clear"
 DEFAULT_XID = 79

@@ -140,6 +140,7 @@ class Host:
         st.setdefault("klog", [])  # [uptime, line] of this boot
         st.setdefault("fault_seen", {})  # fault key → uptime it first showed
         st.setdefault("persistence", {})  # bus id → true/false
+        st.setdefault("mig", {})  # bus id → MIG mode and GPU/compute instances (see mig.py)
         return st
 
     def uptime(self, st: dict[str, Any]) -> float:

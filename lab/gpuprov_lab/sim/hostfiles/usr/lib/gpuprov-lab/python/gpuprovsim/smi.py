@@ -4,7 +4,10 @@ The GPU list (-L) and the summary table come from NVIDIA's real nvidia-smi (Debi
 reading NVIDIA's mock NVML (:func:`run_real`). This front end is SIMULATED where the real binary cannot
 answer: the driver states that belong to the (simulated) kernel module, ``-q``/``-q -x`` (the real binary
 crashes on the mock), ``--version`` (the binary's own branch is not the simulated driver's),
-``--query-gpu`` (the simulated faults are not in the mock) and ``-pm``.
+``--query-gpu`` (the simulated faults are not in the mock), ``-pm``, and MIG (mig.py: ``-mig 0|1``,
+``-r``, the ``nvidia-smi mig`` subcommand; the MIG Mode of ``-q``/``-q -x`` and ``--query-gpu=mig.mode.*``).
+The mock NVML has no MIG devices, so once GPU instances with compute instances exist this front end adds their
+lines ("  MIG 1g.18gb     Device  0: (UUID: MIG-...)") to the real binary's ``-L`` under their GPU.
 
 Simulated output is generated from the real H200 capture (templates/h200-nvidia-smi-q-x.xml and
 -q.txt): per GPU of the profile the template GPU is copied and its values replaced (name, PCI ids and
@@ -26,10 +29,11 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuprovsim import core, kmod, watch
+from gpuprovsim import core, kmod, mig, watch
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
 LIBNVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
@@ -49,10 +53,13 @@ ECC_FAULT_COUNT = 2
 # and GPUs to list (the kernel module is simulated, so those answers are this module's).
 REAL_SMI = "/usr/lib/nvidia/current/nvidia-smi"
 REAL_MODES = ("list", "table")
+# -mig / --multi-instance-gpu values ("0/DISABLED, 1/ENABLED" in nvidia-smi -h).
+MIG_MODES = {"0": False, "DISABLED": False, "1": True, "ENABLED": True}
 
 
-def run_real(host: core.Host, argv: list[str]) -> int:
-    """Run NVIDIA's nvidia-smi with the caller's arguments against the host's mock NVML."""
+def run_real(host: core.Host, argv: list[str], amend: Callable[[str], str] | None = None) -> int:
+    """Run NVIDIA's nvidia-smi with the caller's arguments against the host's mock NVML; ``amend`` adds
+    to its output what the mock cannot know (MIG devices)."""
     real = host.p(REAL_SMI)
     if not os.access(real, os.X_OK):
         missing = f"gpuprov lab: NVIDIA's nvidia-smi is missing at {REAL_SMI} (reinstall nvidia-smi)\n"
@@ -61,7 +68,7 @@ def run_real(host: core.Host, argv: list[str]) -> int:
     env["MOCK_NVML_CONFIG"] = str(host.run_dir() / "nvml.yaml")
     env["LD_LIBRARY_PATH"] = str(host.p(os.path.dirname(LIBNVML)))
     res = subprocess.run([str(real), *argv], env=env, capture_output=True, text=True, timeout=60, check=False)
-    sys.stdout.write(res.stdout)
+    sys.stdout.write(res.stdout if amend is None or res.returncode != 0 else amend(res.stdout))
     sys.stderr.write(res.stderr)
     return res.returncode
 
@@ -170,10 +177,13 @@ def gpu_values(host: core.Host, st: dict[str, Any], g: dict[str, Any], driver: s
     fstate, fstatus = fabric_state(host, st)
     power = float(g["idle_power_w"])
     limit = float(g["power_limit_w"])
+    mig_current, mig_pending = mig.mode_values(st, g)
     values = {
         "product_name": g["name"],
         "product_architecture": g["architecture"],
         "persistence_mode": "Enabled" if persistence(st, g) else "Disabled",
+        "mig_mode/current_mig": mig_current,
+        "mig_mode/pending_mig": mig_pending,
         "serial": g["serial"],
         "uuid": g["uuid"],
         "pdi": pdi,
@@ -339,6 +349,8 @@ TEXT_MAP: dict[tuple[str, ...], tuple[str, str]] = {
     ("Product Name",): ("product_name", ""),
     ("Product Architecture",): ("product_architecture", ""),
     ("Persistence Mode",): ("persistence_mode", ""),
+    ("MIG Mode", "Current"): ("mig_mode/current_mig", ""),
+    ("MIG Mode", "Pending"): ("mig_mode/pending_mig", ""),
     ("Serial Number",): ("serial", ""),
     ("GPU UUID",): ("uuid", ""),
     ("GPU PDI",): ("pdi", ""),
@@ -508,6 +520,11 @@ def table(host: core.Host, st: dict[str, Any], gpus: list[dict[str, Any]], drive
 UNITS = {"memory": "MiB", "power": "W", "clocks": "MHz", "utilization": "%", "enforced": "W"}
 
 
+def _na(value: str) -> str:
+    """-q's N/A is --query-gpu's [N/A]."""
+    return "[N/A]" if value == "N/A" else value
+
+
 def _num(value: str) -> str:
     return value.split()[0] if value and value[0].isdigit() else value
 
@@ -547,8 +564,8 @@ def query_value(field: str, i: int, g: dict[str, Any], v: dict[str, str], driver
         "retired_pages.pending": "[N/A]",
         "retired_pages.single_bit_ecc.count": "[N/A]",
         "retired_pages.double_bit.count": "[N/A]",
-        "mig.mode.current": "Disabled",
-        "mig.mode.pending": "Disabled",
+        "mig.mode.current": _na(v["mig_mode/current_mig"]),
+        "mig.mode.pending": _na(v["mig_mode/pending_mig"]),
         "pcie.link.gen.current": v[gen + "current_link_gen"],
         "pcie.link.gen.gpucurrent": v[gen + "device_current_link_gen"],
         "pcie.link.gen.max": v[gen + "max_link_gen"],
@@ -712,6 +729,8 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
     fields: list[str] = []
     mode = "table"
     pm: bool | None = None
+    mig_on: bool | None = None
+    mig_cmd: mig.MigCommand | None = None
     xml = False
     try:
         while args:
@@ -741,9 +760,18 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
             elif a in ("-h", "--help"):
                 sys.stdout.write(f"NVIDIA System Management Interface -- v{driver} ({core.SIMULATED})\n")
                 return 0
-            elif a == "mig" and args[:1] == ["-lgi"]:
-                mode = "mig-lgi"
-                args.pop(0)
+            elif a in ("-mig", "--multi-instance-gpu") or a.startswith("--multi-instance-gpu="):
+                value = a.split("=", 1)[1] if "=" in a else (args.pop(0) if args else "")
+                if value.upper() not in MIG_MODES:
+                    sys.stdout.write(mig.INVALID)
+                    return RC_ARGS
+                mig_on, mode = MIG_MODES[value.upper()], "mig-mode"
+            elif a in ("-r", "--gpu-reset"):
+                mode = "reset"
+            elif a == "mig":
+                mig_cmd, mode = mig.parse_args(args), "mig"
+                ids = mig_cmd.ids if mig_cmd.ids is not None else ids
+                args = []
             else:
                 sys.stdout.write(
                     "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n\n"
@@ -767,6 +795,8 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
             sys.stdout.write("No devices were found\n")
             return RC_NO_DEVICES
         chosen = select(gpus, ids)
+        if mode == "list":
+            return run_real(host, argv, lambda text: mig.list_with_mig_devices(text, host.state(), gpus))
         if mode in REAL_MODES:
             return run_real(host, argv)
         if mode == "q":
@@ -775,12 +805,16 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
             text = query(host, st, chosen, version, fields, fmt)
         elif mode == "pm":
             text = set_persistence(host, chosen, bool(pm))
-        elif mode == "mig-lgi":
-            text = "No MIG-enabled devices found.\n"
+        elif mode == "reset":
+            text = mig.reset(host, chosen)
+        elif mode == "mig-mode":
+            text = mig.set_mode(host, chosen, bool(mig_on))
+        elif mode == "mig" and mig_cmd is not None:
+            text = mig.run(host, mig_cmd, [(gpus.index(g), g) for g in chosen])
         else:
             text = table(host, st, chosen, version, cuda)
         sys.stdout.write(text)
         return 0
-    except SmiError as exc:
+    except (SmiError, mig.MigError) as exc:
         sys.stdout.write(str(exc))
         return exc.rc
