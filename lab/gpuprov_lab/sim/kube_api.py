@@ -87,6 +87,9 @@ class Settings:
     cm_port: int = 10257
     sched_port: int = 10259
     etcd_ports: tuple[int, int] = (2379, 2380)
+    # --enable-admission-plugins / --disable-admission-plugins (kube_admission.enabled_plugins)
+    admission_enable: str = ""
+    admission_disable: str = ""
 
     @classmethod
     def from_manifests(cls, host: Host) -> Settings:
@@ -107,6 +110,8 @@ class Settings:
         st.bind = a.get("bind-address", st.bind)
         st.service_cidr = a.get("service-cluster-ip-range", st.service_cidr)
         st.client_ca = a.get("client-ca-file", st.client_ca)
+        st.admission_enable = a.get("enable-admission-plugins", "")
+        st.admission_disable = a.get("disable-admission-plugins", "")
         st.tls_cert = a.get("tls-cert-file", st.tls_cert)
         st.tls_key = a.get("tls-private-key-file", st.tls_key)
         st.cluster_cidr = c.get("cluster-cidr", "")

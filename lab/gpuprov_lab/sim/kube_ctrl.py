@@ -138,6 +138,18 @@ def pod_requests(pod: Obj, resource: str) -> int:
     return total
 
 
+def _extended_requests(pod: Obj) -> dict[str, int]:
+    """The nvidia.com/* resources a pod's containers ask for (limits, else requests)."""
+    names = {
+        k
+        for c in u.dig(pod, "spec", "containers") or []
+        for part in ("limits", "requests")
+        for k in (c.get("resources") or {}).get(part) or {}
+        if str(k).startswith("nvidia.com/")
+    }
+    return {n: q for n in names if (q := pod_requests(pod, n))}
+
+
 def owner_ref(owner: Obj) -> Obj:
     return {
         "apiVersion": owner["apiVersion"],
@@ -210,6 +222,7 @@ class Controllers:
         self.schedule()
         self.garbage()
         self.pdb_status()
+        self.resource_quotas()
 
     def bootstrap(self) -> None:
         """Objects the control plane makes for itself on start."""
@@ -453,11 +466,33 @@ class Controllers:
             )
 
     def admit_create(self, res: Resource, doc: Obj, ns: str, user: User) -> Obj:
+        from . import kube_admission
+
         if res.kind == "CertificateSigningRequest":
             doc = copy.deepcopy(doc)
             doc.setdefault("spec", {})["username"] = user.name
             doc["spec"]["groups"] = user.groups
+        elif res.kind == "Pod":
+            doc = kube_admission.admit_pod(self.store, self.admission_plugins(), doc, ns)
+        elif res.kind == "LimitRange":
+            doc = kube_admission.default_limit_range(doc)  # API defaulting of the stored object
         return doc
+
+    def admission_plugins(self) -> set[str]:
+        """The admission plugins the API server's flags turn on (kube_admission.enabled_plugins)."""
+        from . import kube_admission
+
+        st = self.settings
+        return kube_admission.enabled_plugins(
+            getattr(st, "admission_enable", ""), getattr(st, "admission_disable", "")
+        )
+
+    # ---------------------------------------------------------------------------- resource quota
+    def resource_quotas(self) -> None:
+        """The resource quota controller: status.hard/used of every ResourceQuota kept current."""
+        from . import kube_admission
+
+        kube_admission.sync_quotas(self.store)
 
     # --------------------------------------------------------------------------------- workloads
     def _pods(self, ns: str | None = None) -> list[Obj]:
@@ -730,12 +765,14 @@ class Controllers:
         s = self.store
         nodes = s.list(self.R("nodes"))
         pods = self._pods()
-        gpu_used: dict[str, int] = {}
+        # Extended resources (nvidia.com/*: GPUs, MIG devices, shared replicas) in use per node.
+        used: dict[str, dict[str, int]] = {}
         count: dict[str, int] = {}
         for p in pods:
             n = p["spec"].get("nodeName")
             if n and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                gpu_used[n] = gpu_used.get(n, 0) + pod_requests(p, "nvidia.com/gpu")
+                for r, q in _extended_requests(p).items():
+                    used.setdefault(n, {})[r] = used.get(n, {}).get(r, 0) + q
                 count[n] = count.get(n, 0) + 1
         for p in pods:
             if p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
@@ -745,19 +782,20 @@ class Controllers:
             reasons: dict[str, int] = {}
             best: Obj | None = None
             best_score: tuple[int, int] = (0, 0)
-            need_gpu = pod_requests(p, "nvidia.com/gpu")
+            need = _extended_requests(p)
             for n in nodes:
                 name = n["metadata"]["name"]
                 why = node_fits(p["spec"], n)
                 if why is None and not node_ready(n):
                     why = "node(s) were not ready"
                 alloc = u.dig(n, "status", "allocatable") or {}
-                if (
-                    why is None
-                    and need_gpu
-                    and u.quantity_to_int(alloc.get("nvidia.com/gpu")) - gpu_used.get(name, 0) < need_gpu
-                ):
-                    why = "Insufficient nvidia.com/gpu"
+                short = [
+                    r
+                    for r, q in sorted(need.items())
+                    if u.quantity_to_int(alloc.get(r)) - used.get(name, {}).get(r, 0) < q
+                ]
+                if why is None and short:
+                    why = f"Insufficient {short[0]}"
                 if why is None and count.get(name, 0) >= u.quantity_to_int(alloc.get("pods") or 110):
                     why = "Too many pods"
                 if why:
@@ -770,7 +808,8 @@ class Controllers:
             if best is not None:
                 node_name = best["metadata"]["name"]
                 count[node_name] = count.get(node_name, 0) + 1
-                gpu_used[node_name] = gpu_used.get(node_name, 0) + need_gpu
+                for r, q in need.items():
+                    used.setdefault(node_name, {})[r] = used.get(node_name, {}).get(r, 0) + q
 
                 def bind(o: Obj, node_name: str = node_name) -> None:
                     o["spec"]["nodeName"] = node_name

@@ -290,10 +290,11 @@ class Kubelet:
         self.last_status_doc: Obj | None = None
         self.failures: dict[tuple[str, str], float] = {}
         self.pod_ips: dict[str, str] = {}
-        self.gpu_registered = 0
+        self.registered: dict[str, int] = {}  # extended resources the device plugin registered
         self.cache: dict[str, tuple[float, Any]] = {}
         self.healthy = False
         self.res: dict[str, Resource] = {}
+        self.exporters: dict[str, Any] = {}  # pod uid → its running dcgm-exporter (kube_exporter)
 
     # -------------------------------------------------------------------------------- startup
     def check_start(self) -> None:
@@ -438,6 +439,9 @@ class Kubelet:
                     klog("E", f'kubelet.go:2000] "sync failed (SIMULATED kubelet)" err="{exc}"') + "\n"
                 )
             self.stop.wait(SYNC_PERIOD)
+        from . import kube_exporter
+
+        kube_exporter.reap(self, set())  # the pods' exporters end with the kubelet
         for srv in self.servers:
             srv.shutdown()
             srv.server_close()
@@ -668,12 +672,28 @@ class Kubelet:
         allocatable = dict(
             capacity, memory=f"{max(0, mem_kib - 102400)}Ki", **{"ephemeral-storage": "94371840Ki"}
         )
-        plugin = self._device_plugin_running()
-        if plugin:
-            self.gpu_registered = len(self.gpu_list())
-        if self.gpu_registered:
-            capacity["nvidia.com/gpu"] = str(self.gpu_registered)
-            allocatable["nvidia.com/gpu"] = str(self.gpu_registered if plugin else 0)
+        # The device manager: what the running plugin registered (kube_deviceplugin keeps it per plugin
+        # pod; GPUs `nvidia-smi -L` lists when it has not said). While no plugin runs, capacity keeps
+        # the last registration and allocatable is 0; a resource no longer registered reads 0 in both
+        # (the kubelet's removed device plugin resources).
+        plugin_uid = self._device_plugin_running()
+        if plugin_uid:
+            from .kube_deviceplugin import advertised_by
+
+            adv = advertised_by(host, plugin_uid)
+            self.registered = adv if adv is not None else {"nvidia.com/gpu": len(self.gpu_list())}
+        elif not self.registered:
+            old_cap = u.dig(node, "status", "capacity") or {}
+            self.registered = {
+                k: u.quantity_to_int(v) for k, v in old_cap.items() if k.startswith("nvidia.com/")
+            }
+        old = [k for k in u.dig(node, "status", "capacity") or {} if k.startswith("nvidia.com/")]
+        for name in sorted({*self.registered, *old}):
+            count = self.registered.get(name, 0)
+            if not count and name not in old:
+                continue
+            capacity[name] = str(count)
+            allocatable[name] = str(count if plugin_uid else 0)
         osr = host.os_release()
         containerd_version = self.cached("ctrd-version", 300, lambda: _containerd_version(host))
         return {
@@ -738,14 +758,15 @@ class Kubelet:
         assert self.client is not None
         return self.client.list(self.R("pods"), None, "", f"spec.nodeName={self.s.node_name}")
 
-    def _device_plugin_running(self) -> bool:
+    def _device_plugin_running(self) -> str:
+        """The uid of this node's running (ready) device plugin pod; "" when none runs."""
         if self.client is None:
-            return False
+            return ""
         for p in self.cached("pods-for-status", 2, self._my_pods):
             for cs in u.dig(p, "status", "containerStatuses") or []:
                 if cs.get("name") == "nvidia-device-plugin" and cs.get("ready"):
-                    return True
-        return False
+                    return str(p["metadata"]["uid"])
+        return ""
 
     def snapshot(self, pods: list[Obj]) -> None:
         """What the container runtime would know of this node's pods (crictl reads it)."""
@@ -792,6 +813,11 @@ class Kubelet:
         self.cache["pods-for-status"] = (time.monotonic(), pods)
         self.snapshot(pods)
         self._mirror_pods(pods)
+        from . import kube_exporter
+
+        kube_exporter.reap(
+            self, {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        )
         for pod in pods:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp"):
@@ -822,6 +848,9 @@ class Kubelet:
                         raise
 
     def _stop_pod(self, pod: Obj) -> None:
+        from . import kube_exporter
+
+        kube_exporter.stop_pod(self, pod["metadata"]["uid"])
         for key in [k for k in self.failures if k[0] == pod["metadata"]["uid"]]:
             del self.failures[key]
         self.pod_ips.pop(pod["metadata"]["uid"], None)

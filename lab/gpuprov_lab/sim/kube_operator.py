@@ -220,10 +220,29 @@ def _validation_inits(pod: Obj, spec: Obj) -> None:
 
 
 def _device_plugin_config(pod: Obj, spec: Obj) -> None:
-    """handleDevicePluginConfig: without devicePlugin.config.name the config-manager containers go."""
-    if not u.dig(spec, "devicePlugin", "config", "name"):
+    """handleDevicePluginConfig: without devicePlugin.config.name the config-manager containers go;
+    with it, the ConfigMap is mounted at /available-configs next to an emptyDir /config in the main
+    container (CONFIG_FILE=/config/config.yaml) and the config-manager containers (DEFAULT_CONFIG,
+    FALLBACK_STRATEGIES=empty)."""
+    name = u.dig(spec, "devicePlugin", "config", "name")
+    if not name:
         _drop(pod, "initContainers", "config-manager-init")
         _drop(pod, "containers", "config-manager")
+        return
+    mounts = [{"name": "config", "mountPath": "/config"}, {"name": name, "mountPath": "/available-configs"}]
+    for c in pod.get("containers") or []:
+        if c.get("name") in ("nvidia-device-plugin", "gpu-feature-discovery", "mps-control-daemon-ctr"):
+            set_env(c, "CONFIG_FILE", "/config/config.yaml")
+            c.setdefault("volumeMounts", []).extend(copy.deepcopy(mounts))
+    pod.setdefault("volumes", []).extend(
+        [{"name": name, "configMap": {"name": name}}, {"name": "config", "emptyDir": {}}]
+    )
+    for c in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        if c.get("name") in ("config-manager-init", "config-manager"):
+            c["image"] = image_path(spec, "devicePlugin")
+            set_env(c, "DEFAULT_CONFIG", str(u.dig(spec, "devicePlugin", "config", "default") or ""))
+            set_env(c, "FALLBACK_STRATEGIES", "empty")
+            c.setdefault("volumeMounts", []).extend(copy.deepcopy(mounts))
 
 
 def _mig_env(container: Obj, spec: Obj) -> None:
@@ -338,6 +357,16 @@ def transform(ds: Obj, spec: Obj, nodes: list[Obj]) -> None:
         _validation_inits(pod, spec)
         main["image"] = image_path(spec, "migManager")
         pod["runtimeClassName"] = rc
+        # The ConfigMaps of the mig-parted-config and gpu-clients volumes (GetConfigMapName defaults).
+        for v in pod.get("volumes") or []:
+            if "mig-parted-config" in v.get("name", ""):
+                v["configMap"]["name"] = (
+                    u.dig(spec, "migManager", "config", "name") or "default-mig-parted-config"
+                )
+            elif "gpu-clients" in v.get("name", ""):
+                v["configMap"]["name"] = (
+                    u.dig(spec, "migManager", "gpuClientsConfig", "name") or "default-gpu-clients"
+                )
         if cdi:
             set_env(main, "CDI_ENABLED", "true")
             if toolkit:

@@ -25,7 +25,7 @@ from .kube_host import CONTAINERD_SOCK, Host
 
 Command = Callable[[list[str]], tuple[int, str, str]]
 API_UNIT = kube_let.API_UNIT
-WELL_KNOWN_PORTS = (10248, 10250, 10255, 10257, 10259, 2379, 2380)
+WELL_KNOWN_PORTS = (10248, 10250, 10255, 10257, 10259, 2379, 2380, 9400)  # 9400: dcgm-exporter
 CONTAINERD_OK = """\
 version = 2
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -210,6 +210,8 @@ class SimHost(Host):
     gpus: list[str] = field(default_factory=list)
     driver_ok: bool = True
     key_pool: list[str] = field(default_factory=list)
+    mig: FakeMig = field(default_factory=lambda: FakeMig())
+    smi_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.services = Services(self)
@@ -257,17 +259,105 @@ class SimHost(Host):
                 "the latest NVIDIA driver is installed and running.\n",
                 "",
             )
+        with self.smi_lock:
+            return self.mig.answer(self.gpus, args)
+
+
+# PCI device ids (mig-parted's device-filter and `--query-gpu=pci.device_id`) of the GPUs tests use.
+DEVICE_IDS = {"NVIDIA H200": 0x2335, "NVIDIA H100 80GB HBM3": 0x2330, "NVIDIA A100-SXM4-80GB": 0x20B2}
+
+
+@dataclass
+class FakeMig:
+    """A small fake of the nvidia-smi MIG commands, for in-process tests (the lab's hosts answer them
+    with their own emulation): `-L` with MIG devices under their GPU, `--query-gpu` (name,
+    memory.total, driver_version, index, pci.device_id, mig.mode.current), `-i N -mig 1|0`,
+    `mig -i N -dci`, `-dgi`, `-cgi <profiles> -C`. ``fail_mode_change`` makes `-mig` fail with that
+    error (e.g. "In use by another client")."""
+
+    mode: dict[int, bool] = field(default_factory=dict)
+    instances: dict[int, list[str]] = field(default_factory=dict)
+    fail_mode_change: str = ""
+    calls: list[list[str]] = field(default_factory=list)
+
+    @staticmethod
+    def _bus(i: int) -> str:
+        return f"00000000:{0x1B + i:02X}:00.0"
+
+    def answer(self, gpus: list[str], args: list[str]) -> tuple[int, str, str]:
+        from .kube_mig import MEMORY_SLICES, PROFILES
+
+        self.calls.append(list(args))
+        index = int(args[args.index("-i") + 1]) if "-i" in args else None
         if "-L" in args:
-            return (
-                0,
-                "".join(
-                    f"GPU {i}: {g} (UUID: GPU-{i:08d}-0000-0000-0000-000000000000)\n"
-                    for i, g in enumerate(self.gpus)
-                ),
-                "",
-            )
-        if any(a.startswith("--query-gpu") for a in args):
-            return 0, "".join(f"{g}, 143771, 580.95.05, [N/A]\n" for g in self.gpus), ""
+            out = ""
+            for i, g in enumerate(gpus):
+                out += f"GPU {i}: {g} (UUID: GPU-{i:08d}-0000-0000-0000-000000000000)\n"
+                for d, profile in enumerate(self.instances.get(i, [])):
+                    out += (
+                        f"  MIG {profile:<12} Device {d:>2}: (UUID: MIG-{i:08d}-{d:04d}-0000-0000-00000000)\n"
+                    )
+            return 0, out, ""
+        query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+        if query is not None:
+            rows = []
+            for i, g in enumerate(gpus):
+                capable = DEVICE_IDS.get(g) in PROFILES
+                mode = ("Enabled" if self.mode.get(i) else "Disabled") if capable else "[N/A]"
+                values = {
+                    "index": str(i), "name": g, "memory.total": "143771", "driver_version": "580.95.05",
+                    "pci.device_id": f"0x{DEVICE_IDS.get(g, 0x2335):04X}10DE", "mig.mode.current": mode,
+                }  # fmt: skip
+                rows.append(", ".join(values.get(f, "[N/A]") for f in query.split(",")))
+            return 0, "".join(r + "\n" for r in rows), ""
+        if "-mig" in args and index is not None:
+            on = args[args.index("-mig") + 1] == "1"
+            word = "Enabled" if on else "Disabled"
+            if self.fail_mode_change:
+                verb = "enable" if on else "disable"
+                return (
+                    1,
+                    f"Unable to {verb} MIG Mode for GPU {self._bus(index)}: {self.fail_mode_change}\n",
+                    "",
+                )
+            if not on and self.instances.get(index):
+                return (
+                    1,
+                    f"Unable to disable MIG Mode for GPU {self._bus(index)}: In use by another client\n",
+                    "",
+                )
+            self.mode[index] = on
+            return 0, f"{word} MIG Mode for GPU {self._bus(index)}\nAll done.\n", ""
+        if args[:1] == ["mig"] and index is not None:
+            if not self.mode.get(index):
+                return 6, f"Unable to run the command on GPU {index}: MIG mode is not enabled\n", ""
+            if "-dci" in args or "-dgi" in args:
+                if "-dgi" in args:
+                    self.instances[index] = []
+                return 0, "", ""
+            if "-cgi" in args:
+                wanted = args[args.index("-cgi") + 1].split(",")
+                table = PROFILES[DEVICE_IDS.get(gpus[index], 0x2335)]
+                have = list(self.instances.get(index, []))
+                out = ""
+                for name in wanted:
+                    p = table.get(name)
+                    used = sum(table[x][1] for x in have)
+                    if p is None or used + p[1] > MEMORY_SLICES:
+                        self.instances[index] = have
+                        return (
+                            2,
+                            out + f"Unable to create a GPU instance on GPU {index} using profile {name}: "
+                            "Insufficient Resources\n",
+                            "",
+                        )
+                    have.append(name)
+                    out += (
+                        f"Successfully created GPU instance ID {len(have):>2} on GPU {index:>2} "
+                        f"using profile MIG {name}\n"
+                    )
+                self.instances[index] = have
+                return 0, out, ""
         return 0, "NVIDIA-SMI 580.95.05    Driver Version: 580.95.05    CUDA Version: 13.0\n", ""
 
 
