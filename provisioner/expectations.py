@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from provisioner.tenants import Tenant
+
 SUPPORTED_OS: tuple[str, ...] = ("ubuntu 22.04", "ubuntu 24.04", "debian 12", "debian 13")
 CONTAINER_ENGINES: tuple[str, ...] = ("docker", "containerd")
 
@@ -35,6 +37,9 @@ class Expectations:
     sharing_strategy: str | None = None  # none | time-slicing | mps (the device plugin's GPU sharing)
     sharing_replicas: int | None = None  # replicas per GPU under time-slicing or MPS
     mig_config: str | None = None  # the MIG layout the node must have (nvidia.com/mig.config)
+    mig_strategy: str | None = None  # single | mixed: how the device plugin advertises MIG devices
+    dcgm_exporter: bool | None = None  # the GPU Operator's DCGM exporter must serve this node's GPUs
+    tenants: tuple[Tenant, ...] | None = None  # namespaces with GPU quotas (checked on the control plane)
     # key (policy name) → where its value came from, e.g. "policy.yml groups.gpu_nodes"
     sources: dict[str, str] = field(default_factory=dict)
 

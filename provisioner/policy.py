@@ -110,6 +110,23 @@ def _mig_config(value: Any) -> str:
     raise ValueError(f"expected a MIG configuration name such as all-1g.18gb (a label value), got {value!r}")
 
 
+def _mig_strategy(value: Any) -> str:
+    # The device plugin's MIG strategies that advertise MIG devices (NVIDIA k8s-device-plugin, api/config/v1
+    # consts.go: none, single, mixed); "none" advertises whole GPUs and needs no expectation.
+    if value in ("single", "mixed"):
+        return str(value)
+    raise ValueError(f"expected single or mixed (the device plugin's MIG strategies), got {value!r}")
+
+
+def _tenants(value: Any) -> tuple[Any, ...]:
+    from provisioner.tenants import parse_tenants
+
+    try:
+        return parse_tenants(value, "")
+    except InputError as exc:
+        raise ValueError(str(exc).lstrip()) from None
+
+
 class Key(NamedTuple):
     field: str  # the Expectations field it sets
     meaning: str  # one line, for docs and errors
@@ -139,6 +156,11 @@ KEYS: dict[str, Key] = {
     ),
     "gpu.sharing.replicas": Key("sharing_replicas", "replicas per GPU under time-slicing or MPS (2 or more)"),
     "mig.config": Key("mig_config", "MIG layout the node must have, e.g. all-1g.18gb or all-disabled"),
+    "mig.strategy": Key("mig_strategy", "how the device plugin advertises MIG devices: single or mixed"),
+    "monitoring.dcgm_exporter": Key("dcgm_exporter", "the DCGM exporter must serve this node's GPUs"),
+    "tenants.quota": Key(
+        "tenants", "GPU tenants: list of {name, namespace, gpus, mig, max_gpus_per_pod, node_pool}"
+    ),
 }
 _RESERVED = ("groups", "hosts")
 
@@ -151,6 +173,7 @@ _TYPE_MESSAGES: dict[str, str] = {
     "gpu.ecc": "expected true or false, got {value!r}",
     "k8s.node": "expected true or false, got {value!r}",
     "dcgm.diag": "expected true or false, got {value!r}",
+    "monitoring.dcgm_exporter": "expected true or false, got {value!r}",
 }
 
 
@@ -214,6 +237,9 @@ def _schema() -> tuple[Any, Any]:
             "gpu.sharing.replicas"
         )
         mig_config: formatted(str, _mig_config) | None = key("mig.config")
+        mig_strategy: formatted(str, _mig_strategy) | None = key("mig.strategy")
+        dcgm_exporter: StrictBool | None = key("monitoring.dcgm_exporter")
+        tenants: formatted(Any, _tenants) | None = key("tenants.quota")
 
     class File(Block):
         """A policy file: top-level keys, then per-group and per-host blocks."""

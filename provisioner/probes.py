@@ -173,6 +173,115 @@ _SMOKE = r"""
 """
 
 
+# The DCGM exporter of this node, scraped from the node itself. The GPU Operator runs it with no host
+# port: containerPort 9400 ("metrics") behind a ClusterIP Service (NVIDIA/gpu-operator v25.10.0
+# assets/state-dcgm-exporter 0400_service.yaml, 0800_daemonset.yaml), so the probe asks the API server
+# for the exporter pod on this node and GETs http://<pod IP>:<port>/metrics (pod IPs are reachable from
+# every node: the Kubernetes network model). It reads with the kubelet's own credentials, which the Node
+# authorizer lets list pods only with the field selector spec.nodeName=<this node> (kubernetes/kubernetes
+# plugin/pkg/auth/authorizer/node/node_authorizer.go, authorizePod: "can only list/watch pods with
+# spec.nodeName field selector"; selector authorization is on by default from v1.32 and GA in v1.34), and
+# that is the query made here; a label selector narrows it further. The kubelet's identity is
+# system:node:<node name>, the node name being the host name as kubeadm registers it (lower-cased), the
+# name the kube-node.json probe reads too. Standard library only (Python 3.8+), no proxy, bounded time
+# and size; the pod IP is checked to be an IP address before it becomes a URL. Prints one JSON object:
+# {"node", "kubeconfig", "pods": [{"namespace", "name", "phase", "ready", "reason", "ip", "port"}],
+# "scrape": null | {"pod", "url", "status", "error", "truncated"}, "metrics": text}.
+DCGM_EXPORTER = "dcgm-exporter.json"
+DCGM_EXPORTER_LABEL = "app=nvidia-dcgm-exporter"
+DCGM_EXPORTER_MAX_BYTES = 8 * 1024 * 1024
+_DCGM_EXPORTER_PY = r"""
+import ipaddress, json, subprocess, sys, urllib.error, urllib.request
+
+kubeconfig, node, selector, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cmd = ["kubectl", "--kubeconfig", kubeconfig, "--request-timeout=15s", "get", "pods", "-A", "-l", selector,
+       "--field-selector", "spec.nodeName=" + node, "-o", "json"]
+try:
+    run = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         timeout=25)
+except subprocess.TimeoutExpired:
+    sys.stderr.write("kubectl get pods timed out\n")
+    sys.exit(124)
+if run.returncode != 0:
+    sys.stderr.write(run.stderr.decode("utf-8", "replace")[-2000:])
+    sys.exit(run.returncode if 0 < run.returncode < 126 else 1)
+pods = []
+for item in json.loads(run.stdout.decode("utf-8", "replace")).get("items") or []:
+    meta, status, spec = item.get("metadata") or {}, item.get("status") or {}, item.get("spec") or {}
+    conditions, containers = status.get("conditions") or [], status.get("containerStatuses") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason") for c in containers]
+    port = 9400
+    for container in spec.get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == "metrics" and isinstance(p.get("containerPort"), int):
+                port = p["containerPort"]
+    pods.append({"namespace": meta.get("namespace"), "name": meta.get("name"), "phase": status.get("phase"),
+                 "ready": ready, "reason": status.get("reason") or next((w for w in waiting if w), None),
+                 "ip": status.get("podIP"), "port": port})
+out = {"node": node, "kubeconfig": kubeconfig, "pods": pods, "scrape": None, "metrics": ""}
+target = next((p for p in pods if p["phase"] == "Running" and p["ip"]), None)
+if target is not None:
+    scrape = {"pod": "%s/%s" % (target["namespace"], target["name"]), "url": None, "status": None,
+              "error": None, "truncated": False}
+    out["scrape"] = scrape
+    try:
+        ip = ipaddress.ip_address(str(target["ip"]))
+    except ValueError:
+        scrape["error"] = "the pod IP is not an IP address"
+        ip = None
+    if ip is not None and 0 < target["port"] < 65536:
+        scrape["url"] = "http://%s:%d/metrics" % ("[%s]" % ip if ip.version == 6 else ip, target["port"])
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        body = b""
+        try:
+            with opener.open(scrape["url"], timeout=10) as resp:
+                scrape["status"] = resp.status
+                body = resp.read(limit + 1)
+        except urllib.error.HTTPError as exc:
+            scrape["status"], scrape["error"] = exc.code, "HTTP %d" % exc.code
+        except (urllib.error.URLError, OSError) as exc:
+            scrape["error"] = str(getattr(exc, "reason", exc))[:300]
+        scrape["truncated"] = len(body) > limit
+        out["metrics"] = body[:limit].decode("utf-8", "replace")
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def _dcgm_exporter_body() -> str:
+    import base64
+
+    encoded = base64.b64encode(textwrap.dedent(_DCGM_EXPORTER_PY).encode()).decode()
+    return (
+        "if [ -r /etc/kubernetes/kubelet.conf ]; then kc=/etc/kubernetes/kubelet.conf\n"
+        "elif [ -r /etc/kubernetes/admin.conf ]; then kc=/etc/kubernetes/admin.conf\n"
+        'else echo "not a Kubernetes node: no /etc/kubernetes/kubelet.conf or admin.conf" >&2\n'
+        "  return 200; fi\n"
+        "command -v kubectl >/dev/null 2>&1 || {\n"
+        '  echo "kubectl not found (kubeconfig $kc present)" >&2; return 127; }\n'
+        'command -v python3 >/dev/null 2>&1 || { echo "python3 not found" >&2; return 127; }\n'
+        "read n </proc/sys/kernel/hostname; n=$(printf '%s' \"$n\" | tr 'A-Z' 'a-z')\n"
+        f"printf '%s' '{encoded}' | base64 -d | t 45 python3 - \"$kc\" \"$n\" "
+        f"{DCGM_EXPORTER_LABEL} {DCGM_EXPORTER_MAX_BYTES}"
+    )
+
+
+# The cluster's namespaces, ResourceQuotas and LimitRanges, for the declared GPU tenants: read on the
+# control plane with its admin kubeconfig (a kubelet may not read them), in one request.
+KUBE_TENANTS = "kube-tenants.json"
+_KUBE_TENANTS = r"""
+    [ -r /etc/kubernetes/admin.conf ] || {
+      echo "not the control plane: no /etc/kubernetes/admin.conf" >&2; return 200; }
+    command -v kubectl >/dev/null 2>&1 || { echo "kubectl not found" >&2; return 127; }
+    t 30 kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=20s \
+      get namespaces,resourcequotas,limitranges -A -o json
+"""
+
+# `nvidia-smi -L`: one line per GPU, then one indented line per MIG device under its GPU ("  MIG 1g.18gb
+# Device  0: (UUID: MIG-...)"), the listing of NVIDIA's Multi-Instance GPU User Guide (Getting Started:
+# listing the MIG devices after creating them).
+SMI_LIST = "nvidia-smi-L.txt"
+
 _HAVE_SMI = (
     'command -v nvidia-smi >/dev/null 2>&1 || { echo "nvidia-smi: command not found" >&2; return 127; }'
 )
@@ -218,6 +327,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("kube-node.json", _KUBE_NODE, 35, "this host's Kubernetes Node object"),
     Probe("dcgmi-diag.json", _DCGM, 310, "DCGM diagnostic level 1"),
     Probe("container-smoke.txt", _SMOKE, 130, "nvidia-smi -L in a container with --gpus all"),
+    Probe(SMI_LIST, f"{_HAVE_SMI}\nt 20 nvidia-smi -L", 25, "nvidia-smi -L: GPUs and their MIG devices"),
+    Probe(DCGM_EXPORTER, _dcgm_exporter_body(), 50, "this node's DCGM exporter pod and its /metrics"),
+    Probe(KUBE_TENANTS, _KUBE_TENANTS, 35, "namespaces, ResourceQuotas and LimitRanges (control plane)"),
 )
 # Snapshots made before host-facts.json held these files instead; replaying one reads them (and only
 # then: live hosts are never asked for them).
@@ -954,3 +1066,203 @@ def parse_smoke(text: str) -> list[str]:
 def nvidia_gpus(devices: Iterable[PciDevice]) -> list[PciDevice]:
     """NVIDIA GPUs on the PCI bus, in bus order (the order nvidia-smi numbers them)."""
     return sorted((d for d in devices if d.is_nvidia_gpu), key=lambda d: d.address)
+
+
+# ------------------------------------------------------------------------- the DCGM exporter's output
+
+
+@dataclass(frozen=True)
+class ExporterPod:
+    namespace: str
+    name: str
+    phase: str
+    ready: bool
+    reason: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class ExporterScrape:
+    pod: str
+    url: str
+    status: int | None
+    error: str
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class ExporterProbe:
+    """dcgm-exporter.json: the exporter pods on the node and, when one runs, what its /metrics said."""
+
+    node: str
+    pods: list[ExporterPod]
+    scrape: ExporterScrape | None
+    metrics: str
+
+
+def _str_field(doc: dict[str, Any], key: str, where: str, optional: bool = True) -> str:
+    value = doc.get(key)
+    if value is None and optional:
+        return ""
+    if not isinstance(value, str):
+        raise ParseError(f"{DCGM_EXPORTER}: {where}.{key} is not a string")
+    return value
+
+
+def parse_dcgm_exporter(text: str) -> ExporterProbe:
+    """The probe's JSON, checked field by field (the pod list and the page come from the cluster)."""
+    doc = parse_json_object(text, DCGM_EXPORTER)
+    pods_raw = doc.get("pods")
+    if not isinstance(pods_raw, list):
+        raise ParseError(f"{DCGM_EXPORTER}: pods is not a list")
+    pods = []
+    for i, raw in enumerate(pods_raw):
+        if not isinstance(raw, dict):
+            raise ParseError(f"{DCGM_EXPORTER}: pods[{i}] is not an object")
+        w = f"pods[{i}]"
+        pods.append(
+            ExporterPod(
+                _str_field(raw, "namespace", w),
+                _str_field(raw, "name", w),
+                _str_field(raw, "phase", w),
+                raw.get("ready") is True,
+                _str_field(raw, "reason", w),
+                _str_field(raw, "ip", w),
+            )
+        )
+    scrape: ExporterScrape | None = None
+    raw_scrape = doc.get("scrape")
+    if raw_scrape is not None:
+        if not isinstance(raw_scrape, dict):
+            raise ParseError(f"{DCGM_EXPORTER}: scrape is not an object")
+        status = raw_scrape.get("status")
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            raise ParseError(f"{DCGM_EXPORTER}: scrape.status is not an HTTP status")
+        scrape = ExporterScrape(
+            _str_field(raw_scrape, "pod", "scrape"),
+            _str_field(raw_scrape, "url", "scrape"),
+            status,
+            _str_field(raw_scrape, "error", "scrape"),
+            raw_scrape.get("truncated") is True,
+        )
+    return ExporterProbe(_str_field(doc, "node", "probe"), pods, scrape, _str_field(doc, "metrics", "probe"))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample of the Prometheus text exposition format."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    line: int
+
+
+# The text exposition format 0.0.4 (prometheus/docs, content/docs/instrumenting/exposition_formats.md):
+# metric_name [ "{" label="value" { "," label="value" } [ "," ] "}" ] value [ timestamp ], label values
+# escaping only backslash, double quote and line feed; # HELP and # TYPE comments; blank lines ignored.
+# Read strictly: anything else in a line is an error, never skipped, and a line or a value too long to be
+# an exporter's is refused before it is looked at further.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_SAMPLE_VALUE = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Inf|inf)|NaN")
+_TIMESTAMP = re.compile(r"-?\d{1,19}")
+_PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+_PROM_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+PROM_MAX_LINE = 16 * 1024
+PROM_MAX_LABELS = 64
+
+
+def _prom_labels(line: str, pos: int, n: int) -> tuple[dict[str, str], int]:
+    """The label set starting after '{' at `pos`; returns the labels and the position after '}'."""
+    labels: dict[str, str] = {}
+    while True:
+        while pos < len(line) and line[pos] in " \t":
+            pos += 1
+        if pos < len(line) and line[pos] == "}":
+            return labels, pos + 1
+        m = _LABEL_NAME.match(line, pos)
+        if not m:
+            raise ParseError(f"metrics line {n}: expected a label name at column {pos + 1}")
+        name, pos = m.group(), m.end()
+        while pos < len(line) and line[pos] in " \t":
+            pos += 1
+        if line[pos : pos + 2] != '="':
+            raise ParseError(f'metrics line {n}: expected =" after label {name}')
+        pos += 2
+        value: list[str] = []
+        while True:
+            if pos >= len(line):
+                raise ParseError(f"metrics line {n}: label {name}: value not closed")
+            ch = line[pos]
+            if ch == '"':
+                pos += 1
+                break
+            if ch == "\\":
+                escaped = _PROM_ESCAPES.get(line[pos + 1 : pos + 2])
+                if escaped is None:
+                    raise ParseError(f"metrics line {n}: label {name}: unknown escape in its value")
+                value.append(escaped)
+                pos += 2
+                continue
+            value.append(ch)
+            pos += 1
+        if name in labels:
+            raise ParseError(f"metrics line {n}: label {name} given twice")
+        if len(labels) >= PROM_MAX_LABELS:
+            raise ParseError(f"metrics line {n}: more than {PROM_MAX_LABELS} labels")
+        labels[name] = "".join(value)
+        while pos < len(line) and line[pos] in " \t":
+            pos += 1
+        if pos < len(line) and line[pos] == ",":
+            pos += 1
+        elif not (pos < len(line) and line[pos] == "}"):
+            raise ParseError(f"metrics line {n}: expected , or }} after label {name}")
+
+
+def parse_prometheus_text(text: str) -> list[Sample]:
+    """Samples of a Prometheus text exposition; ParseError naming the line on anything malformed."""
+    samples: list[Sample] = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if len(line) > PROM_MAX_LINE:
+            raise ParseError(f"metrics line {n}: longer than {PROM_MAX_LINE} characters")
+        if _UNSAFE_TEXT.search(line):
+            raise ParseError(f"metrics line {n}: control characters")
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line[1:].split(None, 3)
+            if parts[:1] == ["TYPE"] and (
+                len(parts) != 3 or not _METRIC_NAME.fullmatch(parts[1]) or parts[2] not in _PROM_TYPES
+            ):
+                raise ParseError(f"metrics line {n}: malformed # TYPE comment")
+            if parts[:1] == ["HELP"] and (len(parts) < 2 or not _METRIC_NAME.fullmatch(parts[1])):
+                raise ParseError(f"metrics line {n}: malformed # HELP comment")
+            continue
+        m = _METRIC_NAME.match(line)
+        if not m:
+            raise ParseError(f"metrics line {n}: does not start with a metric name")
+        name, pos = m.group(), m.end()
+        labels: dict[str, str] = {}
+        if line[pos : pos + 1] == "{":
+            labels, pos = _prom_labels(line, pos + 1, n)
+        rest = line[pos:].split()
+        if not line[pos : pos + 1].isspace() or not 1 <= len(rest) <= 2:
+            raise ParseError(f"metrics line {n}: expected a value (and a timestamp) after {name}")
+        if not _SAMPLE_VALUE.fullmatch(rest[0]):
+            raise ParseError(f"metrics line {n}: {name}: not a number: {rest[0][:40]!r}")
+        if len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1]):
+            raise ParseError(f"metrics line {n}: {name}: not a timestamp: {rest[1][:40]!r}")
+        samples.append(Sample(name, labels, float(rest[0]), n))
+    return samples
+
+
+# C0 controls but tab (escape sequences start with ESC), DEL and C1: never in an exporter's page.
+_UNSAFE_TEXT = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def parse_smi_list(text: str) -> str:
+    """`nvidia-smi -L` as printed, checked to be that listing (a line "GPU <n>: ..." first)."""
+    if not re.match(r"GPU \d+: ", text.lstrip("\n")):
+        raise ParseError(f"{SMI_LIST}: not nvidia-smi -L output: {first_line(text, 80)!r}")
+    return text

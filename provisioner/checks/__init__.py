@@ -11,7 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from provisioner.checks import cluster, driver, gpu, system  # noqa: F401  (registers the checks)
+from provisioner.checks import (  # noqa: F401  (registers the checks)
+    cluster,
+    driver,
+    gpu,
+    monitoring,
+    system,
+    tenants,
+)
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import (
     ERROR,
@@ -52,6 +59,8 @@ CHECK_IDS: tuple[str, ...] = (
     "k8s.gpu_allocatable",
     "gpu.sharing",
     "mig.config",
+    "monitoring.dcgm_exporter",
+    "tenants.quota",
     "dcgm.diag",
     "container.smoke",
 )

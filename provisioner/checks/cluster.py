@@ -7,7 +7,15 @@ from typing import Any
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
-from provisioner.probes import HOST_FACTS, parse_dcgm_diag, parse_json_object, parse_smoke
+from provisioner.hosttext import short_safe_text
+from provisioner.probes import (
+    HOST_FACTS,
+    SMI_LIST,
+    parse_dcgm_diag,
+    parse_json_object,
+    parse_smi_list,
+    parse_smoke,
+)
 
 KUBE = "kube-node.json"
 
@@ -29,6 +37,11 @@ def _node(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
     return node
 
 
+def node_object(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
+    """The host's Node object (kube-node.json); skip/fail/error as k8s.node_ready would say."""
+    return _node(facts, exp)
+
+
 @check("k8s.node_ready", probes=(KUBE,), severity="high", summary="the host's Kubernetes node is Ready")
 def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
     node = _node(facts, exp)
@@ -47,9 +60,9 @@ def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "k8s.gpu_allocatable",
-    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml"),
+    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml", SMI_LIST),
     severity="high",
-    summary="allocatable nvidia.com/gpu = GPU count",
+    summary="allocatable nvidia.com/gpu = GPU count (× replicas; MIG devices by the MIG strategy)",
 )
 def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
     node = _node(facts, exp)
@@ -62,17 +75,12 @@ def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
             raise Unavailable(SKIP, f"node {name} has no GPU")
         return [outcome(FAIL, f"node {name} advertises nvidia.com/gpu={raw} but has no GPU on the PCI bus")]
     try:
-        if any(g.mig_mode == "Enabled" for g in facts.smi().gpus):
-            mig = {k: v for k, v in allocatable.items() if k.startswith("nvidia.com/mig-")}
-            return [
-                outcome(
-                    SKIP,
-                    f"MIG enabled: node {name} advertises {mig or 'no MIG devices'}; "
-                    "nvidia.com/gpu is not comparable to the GPU count",
-                )
-            ]
+        mig_gpus = [g.index for g in facts.smi().gpus if g.mig_mode == "Enabled"]
     except Unavailable:
-        pass
+        mig_gpus = []
+    if mig_gpus:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return _mig_allocatable(facts, exp, name, labels, allocatable, gpus, mig_gpus)
     if raw is None:
         return [
             outcome(
@@ -107,6 +115,73 @@ def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return [outcome(PASS, f"node {name} advertises nvidia.com/gpu={count}{per}", allocatable=count)]
 
 
+# gpu-feature-discovery labels a node with the device plugin's MIG strategy (NVIDIA k8s-device-plugin,
+# internal/lm: nvidia.com/mig.strategy = none, single or mixed).
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+
+
+def mig_devices(facts: HostFacts) -> dict[int, dict[str, int]]:
+    """GPU index → MIG profile → devices, from `nvidia-smi -L` (provisioner.mig.parse_mig_devices)."""
+    from provisioner.mig import parse_mig_devices
+
+    return facts.parsed("mig-devices", lambda: parse_mig_devices(parse_smi_list(facts.ok_text(SMI_LIST))))
+
+
+def mig_resources(devices: dict[int, dict[str, int]], strategy: str, whole_gpus: int) -> dict[str, int]:
+    """What the device plugin advertises for these MIG devices: under mixed, nvidia.com/mig-<profile> per
+    profile (and nvidia.com/gpu for the GPUs with MIG off); under single, every MIG device as nvidia.com/gpu
+    (NVIDIA k8s-device-plugin, internal/rm: defaultMigResource names "mig-" + profile under mixed, "gpu"
+    under single)."""
+    if strategy == "single":
+        return {"nvidia.com/gpu": sum(n for counts in devices.values() for n in counts.values())}
+    out: dict[str, int] = {}
+    for counts in devices.values():
+        for profile, n in counts.items():
+            out[f"nvidia.com/mig-{profile}"] = out.get(f"nvidia.com/mig-{profile}", 0) + n
+    if whole_gpus:
+        out["nvidia.com/gpu"] = whole_gpus
+    return out
+
+
+def _mig_allocatable(
+    facts: HostFacts,
+    exp: Expectations,
+    name: str,
+    labels: dict[str, Any],
+    allocatable: dict[str, Any],
+    gpus: int,
+    mig_gpus: list[int],
+) -> list[Finding]:
+    strategy, where = exp.mig_strategy, exp.source("mig.strategy")
+    if strategy is None:
+        strategy, where = labels.get(MIG_STRATEGY_LABEL), f"node label {MIG_STRATEGY_LABEL}"
+    if strategy not in ("single", "mixed"):
+        shown = short_safe_text(str(strategy), 20) if strategy else "unset"
+        return [
+            outcome(
+                FAIL if strategy == "none" else SKIP,
+                f"MIG enabled on GPU {', '.join(map(str, mig_gpus))} of node {name}, MIG strategy {shown} "
+                f"({where}): no MIG device can be advertised to compare",
+            )
+        ]
+    devices = {i: counts for i, counts in mig_devices(facts).items() if i in mig_gpus}
+    want = mig_resources(devices, strategy, gpus - len(mig_gpus))
+    have = {
+        k: str(v)
+        for k, v in allocatable.items()
+        if k.startswith("nvidia.com/mig-") or (k == "nvidia.com/gpu" and str(v) != "0")
+    }
+    wrong = [
+        f"{k}={have.get(k, 'none')}, expected {n}" for k, n in sorted(want.items()) if have.get(k) != str(n)
+    ]
+    wrong += [f"{k}={v}, expected none" for k, v in sorted(have.items()) if k not in want and v != "0"]
+    per = f"MIG strategy {strategy} ({where}), {sum(sum(c.values()) for c in devices.values())} MIG device(s)"
+    if wrong:
+        return [outcome(FAIL, f"node {name}: {'; '.join(wrong)} ({per})", expected=want)]
+    shown = ", ".join(f"{k}={n}" for k, n in sorted(want.items())) or "no MIG device"
+    return [outcome(PASS, f"node {name} advertises {shown} ({per})", allocatable=want)]
+
+
 def _replicas(exp: Expectations) -> int:
     """Replicas per GPU the device plugin advertises under the declared sharing (1: none)."""
     if exp.sharing_strategy in ("time-slicing", "mps") and exp.sharing_replicas:
@@ -126,13 +201,13 @@ MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 
 
 def _declared_node_labels(
-    facts: HostFacts, exp: Expectations, declared: object, what: str, key: str
+    facts: HostFacts, exp: Expectations, declared: object, what: str, key: str, knob: str
 ) -> tuple[str, dict[str, str]]:
     """The node's name and labels for a check of something a policy declares: skip on a host without
     GPUs or when nothing is declared."""
     facts.require_gpu()
     if declared is None:
-        raise Unavailable(SKIP, f"no {what} declared ({key} in a policy)")
+        raise Unavailable(SKIP, f"no {what} declared ({key} in a policy, {knob} in the inventory)")
     meta = _node(facts, exp).get("metadata") or {}
     return meta.get("name", "?"), meta.get("labels") or {}
 
@@ -145,7 +220,7 @@ def _declared_node_labels(
 )
 def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
     name, labels = _declared_node_labels(
-        facts, exp, exp.sharing_strategy, "GPU sharing", "gpu.sharing.strategy"
+        facts, exp, exp.sharing_strategy, "GPU sharing", "gpu.sharing.strategy", "gpuprov_gpu_sharing"
     )
     if not labels.get(SHARING_LABEL) and not labels.get(REPLICAS_LABEL) and exp.sharing_strategy != "none":
         return [
@@ -170,12 +245,14 @@ def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "mig.config",
-    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml"),
+    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml", SMI_LIST),
     severity="high",
     summary="the node's MIG layout is the declared one and the MIG manager reports success",
 )
 def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    name, labels = _declared_node_labels(facts, exp, exp.mig_config, "MIG layout", "mig.config")
+    name, labels = _declared_node_labels(
+        facts, exp, exp.mig_config, "MIG layout", "mig.config", "gpuprov_mig_config"
+    )
     wanted, state = labels.get(MIG_CONFIG_LABEL), labels.get(MIG_STATE_LABEL)
     where = f"({exp.source('mig.config')})"
     if wanted != exp.mig_config:
@@ -208,7 +285,39 @@ def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
                 f"{'off' if enabled else 'on'} on GPU {', '.join(map(str, wrong))}",
             )
         ]
-    return [outcome(PASS, f"node {name}: MIG layout {wanted} applied ({MIG_STATE_LABEL}=success)")]
+    if not enabled:
+        return [outcome(PASS, f"node {name}: MIG layout {wanted} applied ({MIG_STATE_LABEL}=success)")]
+    # The layout's own counts per profile are defined in the MIG manager's ConfigMap, which verification
+    # does not read; what the node shows is compared with what any MIG layout promises: devices on every
+    # MIG-enabled GPU (all-enabled alone leaves them to the user).
+    try:
+        devices = mig_devices(facts)
+    except Unavailable as exc:
+        return [
+            outcome(PASS, f"node {name}: MIG layout {wanted} applied; MIG devices not counted: {exc.reason}")
+        ]
+    on = sorted(i for i, m in modes.items() if m == "Enabled")
+    empty = [i for i in on if not devices.get(i)]
+    if empty and wanted != "all-enabled":
+        return [
+            outcome(
+                FAIL,
+                f"node {name}: {wanted} applied per the MIG manager, but GPU {', '.join(map(str, empty))} "
+                "has MIG mode on and no MIG device (nvidia-smi -L)",
+            )
+        ]
+    shown = "; ".join(
+        f"GPU {i}: " + (", ".join(f"{n} × {p}" for p, n in sorted(devices.get(i, {}).items())) or "none")
+        for i in on
+    )
+    return [
+        outcome(
+            PASS,
+            f"node {name}: MIG layout {wanted} applied ({MIG_STATE_LABEL}=success); MIG devices {shown} "
+            "(counts per profile not compared with the layout: it is defined in the MIG manager's ConfigMap)",
+            devices={str(i): devices.get(i, {}) for i in on},
+        )
+    ]
 
 
 @check(

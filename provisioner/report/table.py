@@ -36,6 +36,8 @@ SHORT = {
     "k8s.gpu_allocatable": "allc",
     "gpu.sharing": "shr",
     "mig.config": "mig",
+    "monitoring.dcgm_exporter": "mon",
+    "tenants.quota": "tnt",
     "dcgm.diag": "dcgm",
     "container.smoke": "smk",
 }

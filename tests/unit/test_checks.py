@@ -64,6 +64,8 @@ BASELINE = {
     "k8s.gpu_allocatable": "skip",
     "gpu.sharing": "skip",
     "mig.config": "skip",
+    "monitoring.dcgm_exporter": "skip",
+    "tenants.quota": "skip",
     "dcgm.diag": "skip",
     "container.smoke": "skip",
 }
