@@ -27,6 +27,15 @@ GLOBAL_KNOBS: dict[str, str] = {
     "gpuprov_mirror_key_url": "str",
     "gpuprov_mirror_key_fingerprint": "str",
     "gpuprov_reboot_allowed": "bool",
+    # GPU sharing, MIG and tenants (roles gpu_operator and gpu_tenants); checked further by
+    # _gpu_setting_problems below.
+    "gpuprov_mig_config": "str",
+    "gpuprov_mig_strategy": "str",
+    "gpuprov_mig_custom_configs": "dict",
+    "gpuprov_gpu_sharing_profiles": "dict",
+    "gpuprov_gpu_sharing": "str",
+    "gpuprov_tenants": "list",
+    "gpuprov_node_pool": "str",
 }
 _GLOBAL = "gpuprov"  # the validator of GLOBAL_KNOBS, next to the roles' own
 
@@ -62,6 +71,8 @@ class RoleSpecs:
     _validators: dict[str, Any] = field(default_factory=dict, repr=False)
     # (role, repr of the knobs a host sets) -> problems: a fleet's hosts mostly share their group_vars
     _checked: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict, repr=False)
+    # repr of a host's GPU sharing/MIG/tenant knobs -> their problems (the same for most of a fleet)
+    _gpu_checked: dict[str, list[tuple[str, str]]] = field(default_factory=dict, repr=False)
 
     def owner(self, var: str) -> str | None:
         """The role whose prefix the variable carries (longest prefix wins)."""
@@ -231,6 +242,134 @@ def _cross_key_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+# 4. GPU sharing, MIG and tenants: documents inside knobs, read with the strict parsers the product
+#    uses elsewhere (provisioner.sharing for device plugin configs, provisioner.mig for mig-parted
+#    configs). A device plugin config with a misspelt key is silently ignored by the plugin, and MPS on
+#    a MIG-enabled GPU fails on the node only; both are refused here, before any host is touched.
+MIG_STRATEGIES = ("single", "mixed")
+NO_SHARING = "none"  # the device plugin config every GPU host gets unless gpuprov_gpu_sharing names one
+# A Kubernetes label value (k8s.io/apimachinery validation.IsValidLabelValue): MIG config names, sharing
+# profile names and pool names end up as node label values.
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def _label_value_problem(value: Any) -> str | None:
+    if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+        return (
+            f"{str(value)[:80]!r} is no Kubernetes label value (letters, digits, '-', '_', '.'; 63 at most)"
+        )
+    return None
+
+
+def _mig_configs(hostvars: dict[str, Any]) -> dict[str, Any]:
+    """gpuprov_mig_custom_configs parsed by mig-parted's rules (config name → entries); InputError."""
+    from provisioner import mig
+
+    custom = hostvars.get("gpuprov_mig_custom_configs")
+    if not isinstance(custom, dict) or _templated(custom):
+        return {}
+    configs = mig.parse_config(yaml.safe_dump(_plain(custom)), "gpuprov_mig_custom_configs")
+    for name in configs:
+        if why := _label_value_problem(name):
+            raise InputError(f"gpuprov_mig_custom_configs: mig-configs.{why}")
+    return configs
+
+
+def _mig_enabled(config_name: Any, custom: dict[str, Any]) -> bool:
+    """Whether the host's MIG config turns MIG on: NVIDIA's `all-disabled` and a custom config whose
+    entries all say mig-enabled: false do not; every other config name does (NVIDIA's defaults
+    all-enabled, all-1g.18gb, all-balanced, ...)."""
+    if config_name in (None, "", "all-disabled"):
+        return False
+    entries = custom.get(str(config_name))
+    return any(e.enabled for e in entries) if entries is not None else True
+
+
+def _sharing_profiles(hostvars: dict[str, Any]) -> dict[str, Any]:
+    """gpuprov_gpu_sharing_profiles parsed strictly (name → SharingConfig); InputError naming the key."""
+    from provisioner import sharing
+
+    profiles = hostvars.get("gpuprov_gpu_sharing_profiles")
+    if not isinstance(profiles, dict):
+        return {}
+    parsed = {}
+    for name, doc in _plain(profiles).items():
+        where = f"gpuprov_gpu_sharing_profiles.{name}"
+        if name == NO_SHARING:
+            raise InputError(
+                f"{where}: {NO_SHARING} is gpuprov's own profile (no sharing); pick another name"
+            )
+        if why := _label_value_problem(name):
+            raise InputError(f"{where}: {why}")
+        if not isinstance(doc, dict):
+            raise InputError(f"{where}: a device plugin config is a mapping (version: v1, sharing: ...)")
+        parsed[name] = sharing.parse_document(doc, where)
+    return parsed
+
+
+def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
+    """(knob, why) for the GPU sharing, MIG and tenant knobs one host gets."""
+    problems: list[tuple[str, str]] = []
+    values = {k: hostvars[k] for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES) and k in hostvars}
+    if any(_templated(v) for v in values.values()):
+        return problems  # Ansible's to render; the roles assert what they get
+    strategy = values.get("gpuprov_mig_strategy", "single")
+    if strategy not in MIG_STRATEGIES:
+        problems.append(("gpuprov_mig_strategy", f"{strategy!r} is not one of: {', '.join(MIG_STRATEGIES)}"))
+    for key in ("gpuprov_mig_config", "gpuprov_node_pool"):
+        if key in values and isinstance(values[key], str) and (why := _label_value_problem(values[key])):
+            problems.append((key, why))
+    try:
+        custom = _mig_configs(values)
+    except InputError as exc:
+        problems.append(("gpuprov_mig_custom_configs", str(exc)))
+        custom = {}
+    try:
+        profiles = _sharing_profiles(values)
+    except InputError as exc:
+        problems.append(("gpuprov_gpu_sharing_profiles", str(exc)))
+        profiles = None  # already reported: the host's choice is not judged against it
+    choice = values.get("gpuprov_gpu_sharing", NO_SHARING)
+    if profiles is not None and choice != NO_SHARING:
+        if choice not in profiles:
+            known = ", ".join([NO_SHARING, *sorted(profiles)])
+            problems.append(
+                ("gpuprov_gpu_sharing", f"{choice!r} is no profile of gpuprov_gpu_sharing_profiles ({known})")
+            )
+        else:
+            from provisioner import sharing
+
+            try:
+                where = f"gpuprov_gpu_sharing_profiles.{choice}"
+                sharing.check_against_mig(
+                    profiles[choice], _mig_enabled(values.get("gpuprov_mig_config"), custom), where
+                )
+            except InputError as exc:
+                config = values.get("gpuprov_mig_config")
+                problems.append(("gpuprov_gpu_sharing", f"{exc} (gpuprov_mig_config: {config})"))
+    if isinstance(values.get("gpuprov_tenants"), list):
+        from provisioner.tenants import parse_tenants
+
+        try:
+            tenants = parse_tenants(_plain(values["gpuprov_tenants"]), "gpuprov_tenants")
+        except InputError as exc:
+            problems.append(("gpuprov_tenants", str(exc)))
+            tenants = ()
+        mig_tenant = next((i for i, t in enumerate(tenants) if t.mig), None)
+        if mig_tenant is not None and strategy != "mixed":
+            problems.append(
+                (
+                    "gpuprov_tenants",
+                    f"gpuprov_tenants[{mig_tenant}].mig: MIG quotas (nvidia.com/mig-<profile>) exist only "
+                    "under gpuprov_mig_strategy: mixed; under single MIG devices count as nvidia.com/gpu",
+                )
+            )
+    return problems
+
+
+_GPU_KNOB_PREFIXES = ("gpuprov_mig_", "gpuprov_gpu_", "gpuprov_tenants", "gpuprov_node_pool")
+
+
 # ------------------------------------------------------------------------------------ checking a host
 
 
@@ -339,7 +478,22 @@ def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> li
             specs._checked[seen] = _role_problems(role, plain, specs)
         problems.update(specs._checked[seen])
     found = [Problem(host, key, problems[key]) for key in sorted(problems)]
-    return found + [Problem(host, key, why) for key, why in _cross_key_problems(hostvars)]
+    cross = _cross_key_problems(hostvars)
+    gpu = [(k, why) for k, why in _cached_gpu_problems(hostvars, specs) if k not in problems]
+    return found + [Problem(host, key, why) for key, why in cross + gpu]
+
+
+def _cached_gpu_problems(hostvars: dict[str, Any], specs: RoleSpecs) -> list[tuple[str, str]]:
+    """_gpu_setting_problems, once per distinct set of values (a fleet shares its group_vars)."""
+    relevant = {k: hostvars[k] for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES) and k in hostvars}
+    if not relevant:
+        return []
+    seen = repr(_plain(relevant))
+    if seen not in specs._gpu_checked:
+        if len(specs._gpu_checked) > 4096:
+            specs._gpu_checked.clear()
+        specs._gpu_checked[seen] = _gpu_setting_problems(relevant)
+    return specs._gpu_checked[seen]
 
 
 def _close(a: str, b: str) -> bool:

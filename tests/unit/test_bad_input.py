@@ -129,6 +129,48 @@ def test_driver_settings_in_the_wrong_form_are_refused_before_connecting(
     assert str(inv / "group_vars" / "gpu_nodes.yml") in res.stderr
 
 
+GPU_SETTINGS_CASES = [
+    pytest.param(
+        "all.yml",
+        "gpuprov_gpu_sharing_profiles:\n  ts4:\n    sharing:\n      timeSlicing:\n        resources:\n"
+        "          - {name: gpu, replica: 4}\n",
+        "gpuprov_gpu_sharing_profiles",
+        "unknown key 'replica'",
+        id="bad-sharing-profile",
+    ),
+    pytest.param(
+        "gpu_nodes.yml",
+        "gpuprov_gpu_sharing_profiles:\n  mps2:\n    sharing:\n      mps:\n        resources:\n"
+        "          - {name: gpu, replicas: 2}\ngpuprov_gpu_sharing: mps2\ngpuprov_mig_config: all-1g.18gb\n",
+        "gpuprov_gpu_sharing",
+        "MPS cannot share MIG-enabled GPUs",
+        id="mps-on-mig-host",
+    ),
+    pytest.param("all.yml", "gpuprov_mig_strategy: both\n", "gpuprov_mig_strategy",
+                 "not one of: single, mixed", id="unknown-strategy"),
+    pytest.param("all.yml", "gpuprov_tenants:\n  - {name: team-a, gpus: many}\n", "gpuprov_tenants",
+                 ".gpus: expected a whole number", id="bad-tenant"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("file", "settings", "key", "why"), GPU_SETTINGS_CASES)
+def test_gpu_sharing_mig_and_tenant_settings_are_refused_before_connecting(
+    tmp_path: Path, file: str, settings: str, key: str, why: str
+) -> None:
+    inv = tmp_path / "inv"
+    shutil.copytree(SAMPLE.parent, inv)
+    where = inv / "group_vars" / file
+    if where.name == "all.yml":
+        where = inv / "group_vars" / "all" / "gpu_settings.yml"
+    where.write_text(settings)
+    res = gpuprov("bootstrap", "-i", str(inv / "hosts.yml"), "--yes")
+    no_traceback(res)
+    assert res.returncode == 2, res.stderr
+    assert f"{key}: " in res.stderr and why in res.stderr and str(where) in res.stderr, res.stderr
+    first_host = "gpu1" if file == "gpu_nodes.yml" else "cp1"
+    assert f"(host {first_host}" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("port", ["99999", "0", "-1"])
 def test_a_port_that_is_no_tcp_port_is_refused(tmp_path: Path, port: str) -> None:
     inv = tmp_path / "hosts.yml"

@@ -183,3 +183,102 @@ def test_one_validator_per_role_for_the_whole_fleet(
     validate_inventory_settings(inv, inv.select(None), specs)
     assert built == []  # built by load_role_specs, once
     assert len(validated) <= 2  # hosts that set the same values are checked once
+
+
+# ---- GPU sharing, MIG and tenant knobs (gpuprov_*: provisioner.config _gpu_setting_problems) --------
+TS4 = {
+    "version": "v1",
+    "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+}
+MPS2 = {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
+
+
+def test_good_gpu_settings_pass(roles: Path) -> None:
+    custom = {"version": "v1", "mig-configs": {"whole": [{"devices": "all", "mig-enabled": False}]}}
+    tenants = [
+        {"name": "team-a", "gpus": 8, "mig": {"1g.18gb": 4}, "max_gpus_per_pod": 2, "node_pool": "train"},
+        {"name": "team-b", "namespace": "research-b", "gpus": 0},
+    ]
+    assert (
+        problems(
+            roles,
+            gpuprov_gpu_sharing_profiles={"ts4": TS4, "mps2": MPS2},
+            gpuprov_gpu_sharing="mps2",  # MPS on a host whose MIG config keeps MIG off
+            gpuprov_mig_config="whole",
+            gpuprov_mig_custom_configs=custom,
+            gpuprov_mig_strategy="mixed",
+            gpuprov_tenants=tenants,
+            gpuprov_node_pool="train",
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("hostvars", "key", "expect"),
+    [
+        ({"gpuprov_mig_strategy": "both"}, "gpuprov_mig_strategy", "'both' is not one of: single, mixed"),
+        (
+            {"gpuprov_gpu_sharing_profiles": {"ts": {"sharing": {"timeslicing": {}}}}},
+            "gpuprov_gpu_sharing_profiles",
+            "gpuprov_gpu_sharing_profiles.ts: sharing: unknown key 'timeslicing' (did you mean timeSlicing?)",
+        ),
+        (
+            {"gpuprov_gpu_sharing_profiles": {"ts": TS4}, "gpuprov_gpu_sharing": "ts8"},
+            "gpuprov_gpu_sharing",
+            "'ts8' is no profile of gpuprov_gpu_sharing_profiles (none, ts)",
+        ),
+        (
+            {"gpuprov_gpu_sharing_profiles": {"mps2": MPS2}, "gpuprov_gpu_sharing": "mps2",
+             "gpuprov_mig_config": "all-1g.18gb"},
+            "gpuprov_gpu_sharing",
+            "MPS cannot share MIG-enabled GPUs",
+        ),
+        ({"gpuprov_gpu_sharing_profiles": {"none": TS4}}, "gpuprov_gpu_sharing_profiles", "own profile"),
+        ({"gpuprov_mig_config": "all 1g"}, "gpuprov_mig_config", "is no Kubernetes label value"),
+        (
+            {"gpuprov_mig_custom_configs": {"version": "v1", "mig-configs": {"x": [{"devices": "all"}]}}},
+            "gpuprov_mig_custom_configs",
+            "mig-configs.x[0].mig-enabled: expected true or false",
+        ),
+        ({"gpuprov_tenants": [{"name": "Team A", "gpus": 1}]}, "gpuprov_tenants", "[0].name: expected"),
+        ({"gpuprov_tenants": [{"name": "a", "gpus": -1}]}, "gpuprov_tenants", "[0].gpus: expected"),
+        ({"gpuprov_tenants": [{"name": "a", "gpu": 1}]}, "gpuprov_tenants", "unknown key 'gpu'"),
+        (
+            {"gpuprov_tenants": [{"name": "a", "gpus": 1, "mig": {"1g.18gb": 1}}]},
+            "gpuprov_tenants",
+            "exist only under gpuprov_mig_strategy: mixed",
+        ),
+        (
+            {"gpuprov_tenants": [{"name": "a", "gpus": 1}, {"name": "b", "namespace": "a", "gpus": 1}]},
+            "gpuprov_tenants",
+            "[1].namespace: 'a' is declared twice",
+        ),
+        ({"gpuprov_tenants": {"name": "a"}}, "gpuprov_tenants", "expected list, got mapping"),
+    ],
+)  # fmt: skip
+def test_bad_gpu_settings_are_named(roles: Path, hostvars: dict[str, object], key: str, expect: str) -> None:
+    found = problems(roles, **hostvars)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{key}: ") and expect in found[0], found[0]
+
+
+def test_mps_on_a_mig_host_names_the_file_and_host(roles: Path, tmp_path: Path) -> None:
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "host_vars").mkdir()
+    (inv / "group_vars" / "all.yml").write_text(
+        "gpuprov_gpu_sharing_profiles:\n  mps2:\n    sharing:\n      mps:\n        resources:\n"
+        "          - {name: gpu, replicas: 2}\n"
+    )
+    (inv / "host_vars" / "g2.yml").write_text("gpuprov_gpu_sharing: mps2\ngpuprov_mig_config: all-balanced\n")
+    hosts_file = inv / "hosts.yml"
+    hosts_file.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        g1: {}\n        g2: {}\n")
+    inventory = load_inventory(hosts_file)
+    with pytest.raises(InputError) as err:
+        validate_inventory_settings(inventory, inventory.select(None), load_role_specs(roles))
+    message = str(err.value)
+    assert str(inv / "host_vars" / "g2.yml") in message and "(host g2)" in message
+    assert (
+        "gpuprov_gpu_sharing: gpuprov_gpu_sharing_profiles.mps2: MPS cannot share MIG-enabled GPUs" in message
+    )
