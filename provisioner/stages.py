@@ -20,8 +20,10 @@ class Stage:
     gpu_checks: tuple[str, ...] = ()
 
     def targets(self, groups: list[str] | set[str]) -> bool:
-        """Whether a host in `groups` is one the stage's play runs on."""
-        return any(g in groups for g in self.hosts.split(":"))
+        """Whether a host in `groups` is one the stage's play runs on (`!group` excludes, as in Ansible)."""
+        parts = self.hosts.split(":")
+        excluded = any(p[1:] in groups for p in parts if p.startswith("!"))
+        return not excluded and any(p in groups for p in parts if not p.startswith("!"))
 
     def check_ids_for(self, groups: list[str] | set[str]) -> tuple[str, ...]:
         ids = self.checks if self.targets(groups) else ()
@@ -48,6 +50,11 @@ STAGES: tuple[Stage, ...] = (
             "gpu.count",
             "gpu.persistence",
         ),
+    ),
+    Stage(
+        "nvidia_mig_manager",
+        "MIG layout on GPU hosts outside Kubernetes (NVIDIA's nvidia-mig-manager service)",
+        "gpu_nodes:!k8s_cluster",
     ),
     Stage(
         "cuda_toolkit",
@@ -77,7 +84,13 @@ STAGES: tuple[Stage, ...] = (
         "gpu_operator",
         "NVIDIA GPU Operator from its pinned chart, validated",
         "kube_control_plane",
-        gpu_checks=("k8s.gpu_allocatable",),
+        gpu_checks=("k8s.gpu_allocatable", "gpu.sharing", "mig.config", "monitoring.dcgm_exporter"),
+    ),
+    Stage(
+        "gpu_tenants",
+        "node pools (label, taint), tenant namespaces with GPU quotas and limits",
+        "kube_control_plane",
+        checks=("tenants.quota",),
     ),
 )
 # Not an Ansible play: `bootstrap` ends by verifying the hosts it worked on; `--skip verify` leaves it out.

@@ -48,6 +48,7 @@ def document(st: LabState) -> dict[str, Any]:
                 "gpuprov_mirror_key_fingerprint": key.fingerprint,
                 "lab_name": st.name,
                 **_flannel_checksum(st),
+                **_mig_manager_checksum(st),
             },
             "children": {
                 "kube_control_plane": {"hosts": {n: host_vars(n) for n in cps}},
@@ -66,6 +67,16 @@ def _flannel_checksum(st: LabState) -> dict[str, str]:
         return {}
     digest = hashlib.sha256(served[0].read_bytes()).hexdigest()
     return {"kubernetes_flannel_manifest_checksum": f"sha256:{digest}"}
+
+
+def _mig_manager_checksum(st: LabState) -> dict[str, str]:
+    """The nvidia-mig-manager .deb the lab mirror serves is packed here from NVIDIA's packaging, so its
+    bytes are not NVIDIA's release asset's: pin the served file (a site pins the file it checked)."""
+    pattern = "mig-parted/v*/nvidia-mig-manager_*.deb"
+    served = sorted(Path(st.mirror_dir).glob(pattern)) if st.mirror_dir else []
+    if len(served) != 1:
+        return {}
+    return {"nvidia_mig_manager_deb_sha256": hashlib.sha256(served[0].read_bytes()).hexdigest()}
 
 
 def write(st: LabState) -> Path:

@@ -211,7 +211,7 @@ def vendor_key_paths(repo: SimRepo) -> list[str]:
 
 
 # Vendor artifacts the lab's packages are made from (their content is part of the mirror's cache key).
-VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock", "gpu-operator")
+VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock", "gpu-operator", "mig-parted")
 
 
 def sim_inputs_digest() -> str:
@@ -262,7 +262,10 @@ def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Prog
             index_dists(root, suite, component, key, gpg, label)
         for rel in vendor_key_paths(repo):
             _write(target / rel, key.armored)
-    for rel, data in catalog.extra_mirror_files().items():
+    # NVIDIA's nvidia-mig-manager .deb, real and built from NVIDIA's packaging, at its release URL's path.
+    migmanager = importlib.import_module("gpuprov_lab.sim.migmanager")
+    progress(f"mirror: building {migmanager.DEB_NAME} from NVIDIA's packaging")
+    for rel, data in {**catalog.extra_mirror_files(), **migmanager.mirror_files()}.items():
         rel = str(rel).strip("/")
         if rel.startswith("..") or "/../" in f"/{rel}/":
             raise LabError(f"catalog.extra_mirror_files(): path {rel!r} is not a mirror path")

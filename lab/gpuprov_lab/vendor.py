@@ -34,7 +34,8 @@ ARTIFACTS = {
     "nvml-mock": "NVIDIA's mock libnvidia-ml.so/libcuda.so (k8s-test-infra) and GPU profiles; "
     "rebuilt by build-nvml-mock.sh SRC GO_BIN",
     "gpu-operator": "the GPU Operator v25.10.0 chart (chart/) and operand manifests (assets/) from its tag",
-    "mig-parted": "nvidia-mig-parted v0.15.0 built from NVIDIA's source, with its systemd deployment",
+    "mig-parted": "nvidia-mig-parted v0.15.0 built from NVIDIA's source, with its systemd deployment "
+    "(bin/, systemd/ with systemd/packages/debian: the lab packs NVIDIA's nvidia-mig-manager .deb from them)",
 }
 # containerd generation → the Debian suite whose containerd it is.
 CONTAINERD_SUITES = {"1.6": "bookworm", "1.7": "trixie", "2": "sid"}
@@ -63,6 +64,11 @@ def artifact(kind: str, rel: str = "") -> Path:
 def nvidia_ctk() -> Path:
     """The real nvidia-ctk 1.18.0."""
     return artifact("nvidia-container-toolkit", "bin/nvidia-ctk")
+
+
+def mig_parted() -> Path:
+    """The real nvidia-mig-parted v0.15.0 binary."""
+    return artifact("mig-parted", "bin/nvidia-mig-parted")
 
 
 def containerd(generation: str) -> Path:

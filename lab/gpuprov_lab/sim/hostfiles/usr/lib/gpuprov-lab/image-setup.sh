@@ -22,6 +22,10 @@ divert /sbin/lsmod "$BIN/lsmod"
 divert /bin/lsmod "$BIN/lsmod"
 # util-linux: the machine's kernel log must not show inside a lab host.
 divert /bin/dmesg "$BIN/dmesg"
+# nvidia-mig-manager (NVIDIA's real package, installed by the nvidia_mig_manager role): its real
+# nvidia-mig-parted lands at .distrib; the lab's front end answers apply/assert/export from the
+# simulated GPUs (lab hosts have no /proc/modules, which the real binary reads first).
+divert /usr/bin/nvidia-mig-parted "$BIN/nvidia-mig-parted"
 
 # NVIDIA's mock NVML (in the lab's driver packages) reads its configuration from MOCK_NVML_CONFIG: set
 # for SSH sessions (pam_env reads /etc/environment) and for every systemd unit (DefaultEnvironment).

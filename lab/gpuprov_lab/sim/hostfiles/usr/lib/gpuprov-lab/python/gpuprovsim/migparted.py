@@ -1,0 +1,795 @@
+"""Part of the gpuprov lab simulation: the front end of nvidia-mig-parted on lab hosts.
+
+SIMULATED (gpuprov lab). NVIDIA's real nvidia-mig-parted v0.15.0 (from the real nvidia-mig-manager
+package, kept at /usr/bin/nvidia-mig-parted.distrib by image-setup.sh's dpkg-divert) reads /proc/modules
+before it touches a GPU (cmd/nvidia-mig-parted/util/nvml.go IsNvidiaModuleLoaded), and lab hosts have
+none, so ``apply``, ``assert`` and ``export`` stop there ("unable to read /proc/modules"). This front end:
+
+- hands ``assert --valid-config``, ``--help``/``--version``, ``generate-config``, ``checkpoint`` and
+  ``restore`` to the real binary, and has the real binary parse every config file first (``assert
+  --valid-config``), so parse and selection errors are NVIDIA's own;
+- carries out ``apply``/``assert``/``export`` itself against the host's simulated GPUs, through nvidia-smi's
+  real syntax, as mig-parted's NVML calls would: ``nvidia-smi --query-gpu=index,pci.bus_id,pci.device_id,
+  mig.mode.current,mig.mode.pending`` for the GPUs, ``nvidia-smi -i N -mig 1|0`` for the mode,
+  ``nvidia-smi -L`` for the MIG devices, ``nvidia-smi mig -i N -dci``/``-dgi`` to clear and
+  ``nvidia-smi mig -i N -cgi P1,P2,... -C`` to create, ``nvidia-smi -r -i BUS_IDS`` for the GPU reset
+  (util/device.go nvmlResetAllGPUs runs exactly that).
+
+Semantics follow NVIDIA/mig-parted v0.15.0, cmd/nvidia-mig-parted:
+- main.go: errors end the program through logrus' Fatal (exit status 1, message capitalized).
+- assert/assert.go: config file required; ``selected-config`` may be left out when the file has one
+  config; "assertion failure: selected configuration not currently applied"; the success lines.
+- assert/mode.go, assert/config.go: per matching GPU (devices/device-filter), mode first; a non
+  MIG-capable GPU matches a disabled entry; devices compared with MigConfig.Equals (same profiles,
+  same counts); every GPU must match.
+- apply/apply.go ApplyMigConfigWithHooks: apply-start; apply-exit always at the end; pre-apply-mode and
+  the mode change only when the mode assert fails; ``--mode-only`` stops there; pre-apply-config and the
+  device change only when the config assert fails. Hook environment: the hook's envs plus the apply
+  flags' variables (GetHooksEnvsMap), nothing else; hook output shown only with --debug
+  (api/hooks/v1/hooks.go).
+- apply/mode.go: existing MIG devices cleared before a mode change; reset when a change is pending,
+  unless --skip-reset. apply/config.go: the mode/config mismatch errors.
+- pkg/mig/config/config.go SetMigConfig: clear, then create the devices one ordering after another
+  (iteratePermutationsUntilSuccess) until one fits; "error attempting multiple config orderings: all
+  orderings failed".
+- export/export.go, export/config.go: per-GPU specs merged (mergeMigConfigSpecs), label ``current``,
+  YAML (yaml.v2 layout) or JSON (MarshalIndent, two spaces).
+
+Lab hosts have no PyYAML, so config and hooks files are read by :func:`load_yaml`, which knows the part of
+YAML those files use (block mappings and sequences, flow lists/maps of scalars, quotes, comments) and
+refuses anything else by name; the real binary has validated the file before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuprovsim import core
+
+REAL = "/usr/bin/nvidia-mig-parted.distrib"
+# Handed to the real binary as they are.
+REAL_COMMANDS = {"generate-config", "checkpoint", "restore", "help", "h"}
+HOOK_POINTS = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
+QUERY = "index,pci.bus_id,pci.device_id,mig.mode.current,mig.mode.pending"
+RC_NOT_FOUND = 6  # nvidia-smi's exit status for NVML_ERROR_NOT_FOUND (nothing to destroy)
+
+
+class Fatal(Exception):
+    """An error mig-parted ends with (main.go: log.Fatal(util.Capitalize(err))); exit status 1."""
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def _log(level: str, msg: str) -> None:
+    """A logrus text-formatter line (stderr is no terminal under systemd or Ansible)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    sys.stderr.write(f"time={json.dumps(stamp)} level={level} msg={json.dumps(msg)}\n")
+
+
+def _capitalize(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
+# --------------------------------------------------------------------------------------- YAML subset
+
+
+class YamlError(Exception):
+    pass
+
+
+_PLAIN_INT = re.compile(r"^[-+]?[0-9]+$")
+
+
+def _scalar(text: str) -> Any:
+    text = text.strip()
+    if text[:1] == '"':
+        if not text.endswith('"') or len(text) < 2:
+            raise YamlError(f"unterminated string {text!r}")
+        return json.loads(text)
+    if text[:1] == "'":
+        if not text.endswith("'") or len(text) < 2:
+            raise YamlError(f"unterminated string {text!r}")
+        return text[1:-1].replace("''", "'")
+    if text in ("true", "True", "TRUE"):
+        return True
+    if text in ("false", "False", "FALSE"):
+        return False
+    if text in ("", "~", "null", "Null", "NULL"):
+        return None
+    if _PLAIN_INT.match(text):
+        return int(text)
+    if text[:1] in "&*!|>%@`":
+        raise YamlError(f"the lab's reader does not know {text[:1]!r} ({text!r})")
+    return text
+
+
+def _flow(text: str) -> Any:
+    """A flow collection or scalar: [a, "b"], {"1g.5gb": 7}, {}."""
+    pos = 0
+
+    def value() -> Any:
+        nonlocal pos
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+        if pos < len(text) and text[pos] in "[{":
+            close = "]" if text[pos] == "[" else "}"
+            is_map = text[pos] == "{"
+            pos += 1
+            items: Any = {} if is_map else []
+            while True:
+                while pos < len(text) and text[pos] in " ,":
+                    pos += 1
+                if pos >= len(text):
+                    raise YamlError(f"unterminated flow collection {text!r}")
+                if text[pos] == close:
+                    pos += 1
+                    return items
+                if is_map:
+                    key = value()
+                    while pos < len(text) and text[pos] == " ":
+                        pos += 1
+                    if pos >= len(text) or text[pos] != ":":
+                        raise YamlError(f"expected ':' in {text!r}")
+                    pos += 1
+                    items[str(key)] = value()
+                else:
+                    items.append(value())
+        start = pos
+        if pos < len(text) and text[pos] in "\"'":
+            quote = text[pos]
+            pos += 1
+            while pos < len(text) and text[pos] != quote:
+                pos += 2 if text[pos] == "\\" and quote == '"' else 1
+            pos += 1
+        else:
+            while pos < len(text) and text[pos] not in ",]}:":
+                pos += 1
+        return _scalar(text[start:pos])
+
+    result = value()
+    if text[pos:].strip():
+        raise YamlError(f"unexpected text after a value: {text!r}")
+    return result
+
+
+def _strip_comment(line: str) -> str:
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+_KEY = re.compile(r"""^("(?:[^"\\]|\\.)*"|'[^']*'|[^"'\[\]{}#:][^:]*?)\s*:(?:\s+(.*)|)$""")
+
+
+def load_yaml(text: str) -> Any:
+    """The YAML subset of mig-parted config and hooks files (see the module docstring)."""
+    lines: list[tuple[int, str]] = []
+    for raw in text.splitlines():
+        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
+            raise YamlError("tab in indentation")
+        content = _strip_comment(raw)
+        if content.strip() and content.strip() not in ("---", "..."):
+            lines.append((len(content) - len(content.lstrip()), content.strip()))
+
+    def block(i: int, indent: int) -> tuple[Any, int]:
+        if lines[i][1].startswith("- ") or lines[i][1] == "-":
+            return sequence(i, indent)
+        return mapping(i, indent)
+
+    def sequence(i: int, indent: int) -> tuple[list[Any], int]:
+        items: list[Any] = []
+        while (
+            i < len(lines) and lines[i][0] == indent and (lines[i][1] == "-" or lines[i][1].startswith("- "))
+        ):
+            rest = lines[i][1][1:].lstrip()
+            if not rest:
+                if i + 1 < len(lines) and lines[i + 1][0] > indent:
+                    value, i = block(i + 1, lines[i + 1][0])
+                else:
+                    value, i = None, i + 1
+            elif _KEY.match(rest) and rest[:1] not in "[{":
+                inner = indent + len(lines[i][1]) - len(rest)
+                lines[i] = (inner, rest)
+                value, i = mapping(i, inner)
+            else:
+                value, i = _flow(rest), i + 1
+            items.append(value)
+        return items, i
+
+    def mapping(i: int, indent: int) -> tuple[dict[str, Any], int]:
+        out: dict[str, Any] = {}
+        while i < len(lines) and lines[i][0] == indent:
+            m = _KEY.match(lines[i][1])
+            if not m:
+                raise YamlError(f"expected 'key: value', got {lines[i][1]!r}")
+            key = str(_scalar(m.group(1)))
+            rest = m.group(2)
+            i += 1
+            if rest:
+                out[key] = _flow(rest)
+            elif i < len(lines) and (
+                lines[i][0] > indent
+                or (lines[i][0] == indent and (lines[i][1] == "-" or lines[i][1].startswith("- ")))
+            ):
+                out[key], i = block(i, lines[i][0])
+            else:
+                out[key] = None
+        return out, i
+
+    if not lines:
+        return None
+    value, end = block(0, lines[0][0])
+    if end != len(lines):
+        raise YamlError(f"unexpected indentation at {lines[end][1]!r}")
+    return value
+
+
+# -------------------------------------------------------------------------------------- arguments
+
+
+@dataclass
+class Flag:
+    names: tuple[str, ...]
+    env: str
+    boolean: bool = False
+
+
+FLAGS = {
+    "config-file": Flag(("--config-file", "-f"), "MIG_PARTED_CONFIG_FILE"),
+    "selected-config": Flag(("--selected-config", "-c"), "MIG_PARTED_SELECTED_CONFIG"),
+    "hooks-file": Flag(("--hooks-file", "-k"), "MIG_PARTED_HOOKS_FILE"),
+    "skip-reset": Flag(("--skip-reset", "-s"), "MIG_PARTED_SKIP_RESET", True),
+    "mode-only": Flag(("--mode-only", "-m"), "MIG_PARTED_MODE_CHANGE_ONLY", True),
+    "valid-config": Flag(("--valid-config", "-a"), "MIG_PARTED_VALID_CONFIG", True),
+    "output-format": Flag(("--output-format", "-o"), "MIG_PARTED_OUTPUT_FORMAT"),
+    "config-label": Flag(("--config-label", "-l"), "MIG_PARTED_CONFIG_LABEL"),
+}
+# Each subcommand's flags, in the order it declares them (apply's order feeds the hook environment).
+COMMAND_FLAGS = {
+    "apply": ("config-file", "selected-config", "hooks-file", "skip-reset", "mode-only"),
+    "assert": ("config-file", "selected-config", "mode-only", "valid-config"),
+    "export": ("output-format", "config-label"),
+}
+DEFAULTS = {"output-format": "yaml", "config-label": "current"}
+
+
+def _parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool, which urfave/cli uses for boolean flags and their variables."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise Fatal(f"could not parse {text!r} as bool value")
+
+
+def parse_flags(command: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    names = COMMAND_FLAGS[command]
+    values: dict[str, Any] = {}
+    for name in names:
+        flag = FLAGS[name]
+        if flag.env in env and env[flag.env] != "":
+            values[name] = _parse_bool(env[flag.env]) if flag.boolean else env[flag.env]
+        else:
+            values[name] = False if flag.boolean else DEFAULTS.get(name, "")
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        option, eq, inline = arg.partition("=")
+        name = next((n for n in names if option in FLAGS[n].names), None)
+        if name is None:
+            raise Fatal(f"flag provided but not defined: {option}")
+        if FLAGS[name].boolean:
+            values[name] = _parse_bool(inline) if eq else True
+        elif eq:
+            values[name] = inline
+        elif args:
+            values[name] = args.pop(0)
+        else:
+            raise Fatal(f"flag needs an argument: {option}")
+    return values
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+@dataclass
+class Spec:
+    """One entry of a mig-config (api/spec/v1/spec.go MigConfigSpec)."""
+
+    device_filter: list[str]
+    devices: Any  # "all" or [int]
+    mig_enabled: bool
+    mig_devices: dict[str, int] = field(default_factory=dict)
+
+    def matches(self, index: int, device_id: str) -> bool:
+        if self.device_filter and not any(_same_device(f, device_id) for f in self.device_filter):
+            return False
+        if self.devices == "all":
+            return True
+        return isinstance(self.devices, list) and index in self.devices
+
+
+def _same_device(filter_id: str, device_id: str) -> bool:
+    """pkg/types DeviceID.Matches: the device and vendor ids (0xDDDDVVVV)."""
+    return filter_id.strip().lower() == device_id.strip().lower()
+
+
+def selected_specs(text: str, selected: str) -> list[Spec]:
+    doc = load_yaml(text) or {}
+    configs = doc.get("mig-configs") or {}
+    if not selected and len(configs) == 1:
+        selected = next(iter(configs))
+    entries = configs.get(selected) or []
+    specs = []
+    for e in entries:
+        df = e.get("device-filter")
+        specs.append(
+            Spec(
+                device_filter=[df] if isinstance(df, str) and df else list(df or []),
+                devices=e.get("devices"),
+                mig_enabled=bool(e.get("mig-enabled")),
+                mig_devices={str(k): int(v) for k, v in (e.get("mig-devices") or {}).items()},
+            )
+        )
+    return specs
+
+
+# -------------------------------------------------------------------------------------------- GPUs
+
+
+@dataclass
+class Gpu:
+    index: int
+    bus_id: str
+    device_id: str
+    capable: bool
+    enabled: bool
+    pending: bool
+
+
+def smi(args: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=120, check=False)
+    except FileNotFoundError:
+        raise Fatal("error initializing NVML: nvidia-smi not found (no NVIDIA driver installed)") from None
+
+
+def gpus() -> list[Gpu]:
+    res = smi([f"--query-gpu={QUERY}", "--format=csv,noheader"])
+    if res.returncode != 0:
+        raise Fatal(f"error initializing NVML: {(res.stdout + res.stderr).strip()}")
+    out = []
+    for line in res.stdout.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) != 5:
+            continue
+        current, pending = cols[3], cols[4]
+        capable = current in ("Enabled", "Disabled")
+        out.append(Gpu(int(cols[0]), cols[1], cols[2], capable, current == "Enabled", pending == "Enabled"))
+    return out
+
+
+def mig_devices() -> dict[int, dict[str, int]]:
+    """GPU index → {profile: count} of its MIG devices, from ``nvidia-smi -L``."""
+    res = smi(["-L"])
+    if res.returncode != 0:
+        raise Fatal(f"error getting MIGConfig: {(res.stdout + res.stderr).strip()}")
+    out: dict[int, dict[str, int]] = {}
+    current: int | None = None
+    for line in res.stdout.splitlines():
+        m = re.match(r"^GPU (\d+):", line)
+        if m:
+            current = int(m.group(1))
+            out[current] = {}
+            continue
+        m = re.match(r"^\s+MIG (\S+)\s+Device\s+\d+:", line)
+        if m and current is not None:
+            out[current][m.group(1)] = out[current].get(m.group(1), 0) + 1
+    return out
+
+
+def walk(specs: list[Spec], gpu_list: list[Gpu]) -> list[tuple[Spec, Gpu]]:
+    """assert.WalkSelectedMigConfigForEachGPU: every (entry, GPU) the entry matches, entry order."""
+    return [(s, g) for s in specs for g in gpu_list if s.matches(g.index, g.device_id)]
+
+
+def mode_error(specs: list[Spec], gpu_list: list[Gpu]) -> str:
+    """assert/mode.go AssertMigMode: the first mismatch's reason, or ''."""
+    for s, g in walk(specs, gpu_list):
+        if not g.capable:
+            if s.mig_enabled:
+                return "unable to assert MIG mode enabled on non MIG-capable GPU"
+            continue
+        if s.mig_enabled != g.enabled:
+            return "current mode different than mode being asserted"
+    return ""
+
+
+def config_error(specs: list[Spec], gpu_list: list[Gpu]) -> str:
+    """assert/config.go AssertMigConfig: '' when every GPU matches its entry."""
+    devices = mig_devices()
+    matched = {g.index: False for g in gpu_list}
+    for s, g in walk(specs, gpu_list):
+        if (not g.capable and not s.mig_enabled) or (not s.mig_enabled and not g.enabled):
+            matched[g.index] = True
+            continue
+        matched[g.index] = devices.get(g.index, {}) == s.mig_devices
+    if not all(matched.values()):
+        return "not all GPUs match the specified config"
+    return ""
+
+
+# ------------------------------------------------------------------------------------------- apply
+
+
+def _check(res: subprocess.CompletedProcess[str], what: str) -> None:
+    if res.returncode != 0:
+        raise Fatal(f"{what}: {(res.stdout + res.stderr).strip()}")
+
+
+def clear(index: int) -> None:
+    """pkg/mig/config ClearMigConfig: every compute instance, then every GPU instance."""
+    for action, what in (("-dci", "compute"), ("-dgi", "GPU")):
+        res = smi(["mig", "-i", str(index), action])
+        if res.returncode not in (0, RC_NOT_FOUND):
+            raise Fatal(
+                f"error destroying {what} instances on GPU {index}: {(res.stdout + res.stderr).strip()}"
+            )
+
+
+def _profile_size(name: str) -> tuple[int, float]:
+    m = re.match(r"^(\d+)g\.(\d+)gb", name)
+    return (int(m.group(1)), float(m.group(2))) if m else (0, 0.0)
+
+
+def orderings(devices: dict[str, int]) -> list[list[str]]:
+    """The distinct orders iteratePermutationsUntilSuccess tries, largest profiles first (the order that
+    fits in the common case comes first; Go's map order decides the real first try)."""
+    flat = sorted(
+        (p for p, n in devices.items() for _ in range(max(n, 0))),
+        key=lambda p: (_profile_size(p), p),
+        reverse=True,
+    )
+    out: list[list[str]] = []
+
+    def permute(items: list[str], i: int) -> None:
+        if i >= len(items):
+            out.append(list(items))
+            return
+        seen: set[str] = set()
+        for j in range(i, len(items)):
+            if items[j] in seen:
+                continue
+            seen.add(items[j])
+            items[i], items[j] = items[j], items[i]
+            permute(items, i + 1)
+            items[i], items[j] = items[j], items[i]
+
+    permute(flat, 0)
+    return out
+
+
+def set_config(g: Gpu, devices: dict[str, int]) -> None:
+    """pkg/mig/config SetMigConfig through nvidia-smi."""
+    for order in orderings(devices):
+        clear(g.index)
+        if not order:
+            return
+        res = smi(["mig", "-i", str(g.index), "-cgi", ",".join(order), "-C"])
+        if res.returncode == 0:
+            return
+        _log("error", _capitalize(f"error creating GPU instance for {','.join(order)}: {res.stdout.strip()}"))
+    clear(g.index)
+    raise Fatal("error attempting multiple config orderings: all orderings failed")
+
+
+def apply_mode(specs: list[Spec], skip_reset: bool) -> None:
+    """apply/mode.go ApplyMigMode."""
+    gpu_list = gpus()
+    for s, g in walk(specs, gpu_list):
+        if not g.capable:
+            if s.mig_enabled and s.devices != "all":
+                raise Fatal("cannot set MIG mode on non MIG-capable GPU")
+            continue
+        if g.enabled:
+            clear(g.index)
+        res = smi(["-i", str(g.index), "-mig", "1" if s.mig_enabled else "0"])
+        _check(res, "error setting MIG mode")
+    pending = [g for g in gpus() if g.capable and g.pending != g.enabled]
+    if skip_reset or not pending:
+        return
+    res = smi(["-r", "-i", ",".join(g.bus_id for g in pending)])
+    _check(res, "error resetting all GPUs")
+
+
+def apply_config(specs: list[Spec]) -> None:
+    """apply/config.go ApplyMigConfig."""
+    for s, g in walk(specs, gpus()):
+        if not g.capable:
+            if s.mig_enabled and s.devices != "all":
+                raise Fatal("cannot set MIG config on non MIG-capable GPU")
+            continue
+        if s.mig_enabled and not g.enabled:
+            raise Fatal("unable to apply MIG config with MIG mode disabled")
+        if not s.mig_enabled and g.enabled:
+            raise Fatal(
+                "MIG mode is currently enabled, but the configuration specifies it should be disabled"
+            )
+        if s.mig_enabled:
+            set_config(g, s.mig_devices)
+
+
+def run_hooks(hooks: dict[str, Any], point: str, envs: dict[str, str], output: bool) -> None:
+    """api/hooks/v1 HooksMap.Run: each hook of the point, in order, with only the given environment."""
+    for hook in hooks.get(point) or []:
+        env = {**{str(k): str(v) for k, v in (hook.get("envs") or {}).items()}, **envs}
+        argv = [str(hook.get("command") or ""), *[str(a) for a in hook.get("args") or []]]
+        try:
+            res = subprocess.run(
+                argv,
+                env=env,
+                cwd=hook.get("workdir") or None,
+                stdout=None if output else subprocess.DEVNULL,
+                stderr=None if output else subprocess.DEVNULL,
+                check=False,
+            )
+        except OSError as exc:
+            raise Fatal(f"error running {point} hook: {exc.strerror}") from None
+        if res.returncode != 0:
+            raise Fatal(f"error running {point} hook: exit status {res.returncode}")
+
+
+def apply(flags: dict[str, Any], config_text: str, debug: bool) -> str:
+    specs = selected_specs(config_text, flags["selected-config"])
+    hooks: dict[str, Any] = {}
+    if flags["hooks-file"]:
+        try:
+            with open(flags["hooks-file"], encoding="utf-8") as fh:
+                hooks = (load_yaml(fh.read()) or {}).get("hooks") or {}
+        except OSError as exc:
+            raise Fatal(f"error parsing hooks file: read error: {exc}") from None
+        except YamlError as exc:
+            raise Fatal(f"error parsing hooks file: unmarshal error: {exc}") from None
+    envs = {
+        FLAGS[n].env: (str(flags[n]).lower() if FLAGS[n].boolean else str(flags[n]))
+        for n in COMMAND_FLAGS["apply"]
+    }
+    prefix = "error applying MIG configuration with hooks: "
+    try:
+        run_hooks(hooks, "apply-start", envs, debug)
+    except Fatal as exc:
+        raise Fatal(prefix + str(exc)) from None
+    error: Fatal | None = None
+    try:
+        if mode_error(specs, gpus()):
+            run_hooks(hooks, "pre-apply-mode", envs, debug)
+            apply_mode(specs, bool(flags["skip-reset"]))
+        if not flags["mode-only"]:
+            gpu_list = gpus()
+            if mode_error(specs, gpu_list) or config_error(specs, gpu_list):
+                run_hooks(hooks, "pre-apply-config", envs, debug)
+                apply_config(specs)
+    except Fatal as exc:
+        error = exc
+    try:
+        run_hooks(hooks, "apply-exit", envs, debug)
+    except Fatal as exc:
+        if error is None:
+            error = exc
+        else:
+            _log("error", _capitalize(str(exc)))
+    if error is not None:
+        raise Fatal(prefix + str(error))
+    return "MIG configuration applied successfully\n"
+
+
+def assert_applied(flags: dict[str, Any], config_text: str, debug: bool) -> str:
+    specs = selected_specs(config_text, flags["selected-config"])
+    gpu_list = gpus()
+    failure = "assertion failure: selected configuration not currently applied"
+    reason = mode_error(specs, gpu_list)
+    if reason:
+        if debug:
+            _log("debug", _capitalize(reason))
+        raise Fatal(failure)
+    if flags["mode-only"]:
+        return "Selected MIG mode settings from configuration currently applied\n"
+    reason = config_error(specs, gpu_list)
+    if reason:
+        if debug:
+            _log("debug", _capitalize(reason))
+        raise Fatal(failure)
+    return "Selected MIG configuration currently applied\n"
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def export(flags: dict[str, Any]) -> str:
+    fmt = flags["output-format"]
+    if fmt not in ("json", "yaml"):
+        raise Fatal(f"unrecognized 'output-format': {fmt}")
+    gpu_list = gpus()
+    devices = mig_devices()
+    specs = [
+        {
+            "device-filter": [g.device_id],
+            "devices": [g.index],
+            "mig-enabled": g.capable and g.enabled,
+            "mig-devices": dict(devices.get(g.index, {})) if g.capable and g.enabled else {},
+        }
+        for g in gpu_list
+    ]
+    spec = {"version": "v1", "mig-configs": {flags["config-label"]: merge_specs(specs)}}
+    if fmt == "json":
+        return json.dumps(_sorted_maps(spec), indent=2)
+    return to_yaml(spec)
+
+
+def merge_specs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """export/config.go mergeMigConfigSpecs."""
+    merged: list[dict[str, Any]] = []
+    for s in specs:
+        for m in merged:
+            if m["mig-enabled"] == s["mig-enabled"] and m["mig-devices"] == s["mig-devices"]:
+                m["devices"] = sorted(set(m["devices"]) | set(s["devices"]))
+                m["device-filter"] = sorted(set(m["device-filter"]) | set(s["device-filter"]))
+                break
+        else:
+            merged.append({k: list(v) if isinstance(v, list) else v for k, v in s.items()})
+    by_filter: dict[str, set[int]] = {}
+    for s in specs:
+        by_filter.setdefault(s["device-filter"][0], set()).update(s["devices"])
+    for m in merged:
+        filters = m["device-filter"]
+        covered = sorted(set().union(*(by_filter[f] for f in filters)))
+        if len(by_filter) == 1:
+            m["device-filter"] = None
+        elif len(filters) == 1:
+            m["device-filter"] = filters[0]
+        if m["devices"] == covered:
+            m["devices"] = "all"
+    if len(merged) == 1:
+        merged[0]["device-filter"] = None
+    return [{k: v for k, v in m.items() if not (k == "device-filter" and not v)} for m in merged]
+
+
+def _sorted_maps(spec: dict[str, Any]) -> dict[str, Any]:
+    """encoding/json writes map keys sorted, struct fields in declaration order."""
+    configs = {}
+    for label in sorted(spec["mig-configs"]):
+        configs[label] = [
+            dict(e, **{"mig-devices": dict(sorted(e["mig-devices"].items()))})
+            for e in spec["mig-configs"][label]
+        ]
+    return {"version": spec["version"], "mig-configs": configs}
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    # yaml.v2 quotes strings that would read back as another type (0x... is an integer in YAML 1.1).
+    if (
+        re.match(r"^(0x[0-9a-fA-F]+|[-+]?[0-9.]+|true|false|null|~|)$", text)
+        or text[:1] in "-?:,[]{}#&*!|>'\"%@`"
+    ):
+        return json.dumps(text)
+    return text
+
+
+def to_yaml(spec: dict[str, Any]) -> str:
+    """yaml.v2 Marshal of v1.Spec: sequences not indented under their key, flow style for devices and
+    device-filter, map keys sorted."""
+    out = [f"version: {spec['version']}", "mig-configs:"]
+    for label in sorted(spec["mig-configs"]):
+        out.append(f"  {_yaml_scalar(label)}:")
+        for e in spec["mig-configs"][label]:
+            lines = []
+            if "device-filter" in e:
+                df = e["device-filter"]
+                flow = (
+                    f"[{', '.join(_yaml_scalar(f) for f in df)}]"
+                    if isinstance(df, list)
+                    else _yaml_scalar(df)
+                )
+                lines.append(f"device-filter: {flow}")
+            dev = e["devices"]
+            lines.append(f"devices: {dev if dev == 'all' else '[' + ', '.join(str(d) for d in dev) + ']'}")
+            lines.append(f"mig-enabled: {_yaml_scalar(e['mig-enabled'])}")
+            if e["mig-devices"]:
+                lines.append("mig-devices:")
+                lines += [f"  {_yaml_scalar(k)}: {v}" for k, v in sorted(e["mig-devices"].items())]
+            else:
+                lines.append("mig-devices: {}")
+            out.append(f"  - {lines[0]}")
+            out += [f"    {line}" for line in lines[1:]]
+    return "\n".join(out) + "\n"
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def exec_real(host: core.Host, argv: list[str]) -> int:
+    real = host.p(REAL)
+    if not os.access(real, os.X_OK):
+        sys.stderr.write(
+            f"gpuprov lab: NVIDIA's nvidia-mig-parted is missing at {REAL} (install nvidia-mig-manager)\n"
+        )
+        return 127
+    sys.stdout.flush()
+    return subprocess.run([str(real), *argv], check=False).returncode
+
+
+def _validate(host: core.Host, flags: dict[str, Any], config_text: str) -> int:
+    """The real parser on the config (from stdin: the text already read); its own messages on failure."""
+    argv = [str(host.p(REAL)), "assert", "--valid-config", "--config-file", "-"]
+    if flags["selected-config"]:
+        argv += ["--selected-config", flags["selected-config"]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIG_PARTED_")}
+    res = subprocess.run(argv, input=config_text, capture_output=True, text=True, env=env, check=False)
+    if res.returncode != 0:
+        sys.stderr.write(res.stderr)
+    return res.returncode
+
+
+def main(prog: str, argv: list[str]) -> int:
+    host = core.Host()
+    args = list(argv)
+    debug = os.environ.get("MIG_PARTED_DEBUG", "") in ("1", "t", "T", "TRUE", "true", "True")
+    while args and (args[0] in ("-d", "--debug") or args[0].startswith("--debug=")):
+        a = args.pop(0)
+        debug = _parse_bool(a.partition("=")[2]) if "=" in a else True
+    if not args or args[0].startswith("-") or args[0] in REAL_COMMANDS or args[0] not in COMMAND_FLAGS:
+        return exec_real(host, argv)
+    command, rest = args[0], args[1:]
+    if any(a in ("-h", "--help") for a in rest):
+        return exec_real(host, argv)
+    try:
+        flags = parse_flags(command, rest, dict(os.environ))
+        if command == "assert" and flags["valid-config"]:
+            return exec_real(host, argv)
+        if command == "export":
+            sys.stdout.write(export(flags))
+            return 0
+        if not flags["config-file"]:
+            subprocess.run([str(host.p(REAL)), command, "--help"], check=False)
+            raise Fatal("missing required flags 'config-file'")
+        if flags["config-file"] == "-":
+            config_text = sys.stdin.read()
+        else:
+            try:
+                with open(flags["config-file"], encoding="utf-8") as fh:
+                    config_text = fh.read()
+            except OSError as exc:
+                raise Fatal(f"error parsing config file: read error: {exc}") from None
+        rc = _validate(host, flags, config_text)
+        if rc != 0:
+            return rc
+        text = (
+            apply(flags, config_text, debug)
+            if command == "apply"
+            else assert_applied(flags, config_text, debug)
+        )
+        sys.stdout.write(text)
+        return 0
+    except (Fatal, YamlError) as exc:
+        _log("fatal", _capitalize(str(exc)))
+        return 1
