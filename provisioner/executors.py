@@ -70,6 +70,23 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+class CommandStream(Protocol):
+    """A long-lived command on a host: its stdin stays open, its stdout is read as it comes."""
+
+    ended: bool
+
+    def send(self, data: bytes, timeout: float) -> None: ...
+
+    def read(self, timeout: float) -> bytes:
+        """Stdout that arrived within `timeout` (b"" when none did; `ended` once the command is gone)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+STREAM_READ = 1 << 16
+
+
 def to_shell(command: Sequence[str] | str) -> str:
     """A script stays as written; an argv is quoted so that no argument is re-split by a shell."""
     if isinstance(command, str):
@@ -119,8 +136,63 @@ class LocalExecutor:
             raise CommandTimeout(self.name, f"command timed out after {timeout:g} s") from None
         return CommandResult(proc.returncode, _decode(out), _decode(err), time.monotonic() - start)
 
+    def open_stream(self, command: Sequence[str] | str) -> LocalStream:
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ExecutorError(self.name, f"{argv[0]}: {exc.strerror}") from exc
+        return LocalStream(self.name, proc)
+
     def close(self) -> None:
         return None
+
+
+class LocalStream:
+    """A command of this machine kept running; read through select() on its stdout pipe."""
+
+    def __init__(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        self.name = name
+        self.proc = proc
+        self.ended = False
+
+    def send(self, data: bytes, timeout: float) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as exc:
+            self.ended = True
+            raise ExecutorError(self.name, "the command ended") from exc
+
+    def read(self, timeout: float) -> bytes:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        if self.ended or not select.select([fd], [], [], max(0.0, timeout))[0]:
+            return b""
+        data = os.read(fd, STREAM_READ)
+        self.ended = not data
+        return data
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # the command sees end of input and ends
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.ended = True
 
 
 # ---------------------------------------------------------------------------------------------- ssh
@@ -960,6 +1032,18 @@ class SshExecutor:
             chan.close()
         return CommandResult(rc, _decode(bytes(out)), _decode(bytes(err)), time.monotonic() - start)
 
+    def open_stream(self, command: Sequence[str] | str) -> SshStream:
+        """The command on its own session channel of the open connection, its stdin left open."""
+        import paramiko
+
+        transport = self.connect()
+        try:
+            chan = transport.open_session(timeout=self.connect_timeout)
+            chan.exec_command(to_shell(command))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(self.name, f"cannot open an SSH session: {exc}") from exc
+        return SshStream(self.name, chan)
+
     def _close_jumps(self) -> None:
         while self._jumps:
             self._jumps.pop().close()  # last hop first: each runs over the one before
@@ -969,6 +1053,57 @@ class SshExecutor:
             self._transport.close()
             self._transport = None
         self._close_jumps()
+
+
+class SshStream:
+    """A long-lived command on one session channel. Reads block on the channel's own buffer (filled by
+    paramiko's transport thread) with a timeout; stderr is drained so that it never holds the channel's
+    window, and only its last few KiB are kept (what the command said before it ended)."""
+
+    STDERR_KEPT = 4096
+
+    def __init__(self, name: str, chan: paramiko.Channel) -> None:
+        self.name = name
+        self.chan = chan
+        self.ended = False
+        self.stderr_tail = b""
+
+    def _drain_stderr(self) -> None:
+        while self.chan.recv_stderr_ready():
+            self.stderr_tail = (self.stderr_tail + self.chan.recv_stderr(STREAM_READ))[-self.STDERR_KEPT :]
+
+    def send(self, data: bytes, timeout: float) -> None:
+        import paramiko
+
+        try:
+            self.chan.settimeout(timeout)
+            self.chan.sendall(data)
+        except (paramiko.SSHException, EOFError, OSError) as exc:  # socket.timeout is an OSError
+            self.ended = True
+            raise HostUnreachable(self.name, f"SSH session lost: {exc or type(exc).__name__}") from exc
+
+    def read(self, timeout: float) -> bytes:
+        import paramiko
+
+        if self.ended:
+            return b""
+        self._drain_stderr()
+        try:
+            self.chan.settimeout(max(0.0, timeout))
+            data = self.chan.recv(STREAM_READ)
+        except TimeoutError:
+            return b""
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.ended = True
+            raise HostUnreachable(self.name, f"SSH session lost: {exc or type(exc).__name__}") from exc
+        if not data:  # end of file: the command ended or the connection dropped
+            self._drain_stderr()
+            self.ended = True
+        return data
+
+    def close(self) -> None:
+        self.ended = True
+        self.chan.close()  # sshd closes the command's stdin: the command sees end of input
 
 
 # ----------------------------------------------------------------------------------------- snapshot

@@ -67,12 +67,15 @@ class Target:
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
     become: bool = False
+    inventory: Path | None = None  # the inventory the vars came from (names the file of a declared value)
 
 
 _LIVE = OpenConnections()
 
 
-def ssh_targets(hosts: Sequence[Any], connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> list[Target]:
+def ssh_targets(
+    hosts: Sequence[Any], connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, inventory: Path | None = None
+) -> list[Target]:
     """Targets for inventory HostSpecs (name, address, port, user, keys, known_hosts, groups, vars)."""
     targets: list[Target] = []
     for host in hosts:
@@ -87,6 +90,7 @@ def ssh_targets(hosts: Sequence[Any], connect_timeout: float = DEFAULT_CONNECT_T
                 groups=tuple(getattr(host, "groups", None) or ()),
                 vars=hostvars,
                 become=become,
+                inventory=inventory,
             )
         )
     return targets
@@ -164,6 +168,11 @@ def _expectations(
     if exp.gpu_present is False and exp.gpu_count is None:
         exp.gpu_count = 0
         exp.sources["gpu.count"] = exp.sources.get("gpu.present", "gpu.present false")
+    # What the inventory declares (MIG layout and strategy, GPU sharing, tenants) where the policy is silent.
+    from provisioner import inventory_expectations as declared
+
+    found = declared.declared(target.vars, host=target.name, groups=target.groups, inventory=target.inventory)
+    declared.apply(exp, found)
     if overrides:
         from provisioner.policy import KEYS
 
@@ -259,12 +268,13 @@ def verify_hosts(
     timeout: float = DEFAULT_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     overrides: Mapping[str, Any] | None = None,
+    inventory: Path | None = None,
 ) -> Report:
     """Verify inventory hosts over SSH. `checks` picks a subset of ids (or 'gpu.*'); `overrides` are
     policy keys the caller knows better than any file (e.g. {"driver.version": "580.159.04"} right
     after installing it)."""
     return verify_targets(
-        ssh_targets(hosts, connect_timeout),
+        ssh_targets(hosts, connect_timeout, inventory),
         policy,
         checks=checks,
         parallel=parallel,
@@ -565,7 +575,7 @@ def run_verification(
 
         inv = load_inventory(inventory)
         check_policy_names(policy, inv.host_names(), inv.group_names, inventory)
-    return verify_hosts(hosts, policy, checks=ids, parallel=parallel, timeout=timeout)
+    return verify_hosts(hosts, policy, checks=ids, parallel=parallel, timeout=timeout, inventory=inventory)
 
 
 def load_policy_file(path: Path | None) -> Policy | None:

@@ -5,14 +5,17 @@ the controller CPU per host per refresh once connections are open.
     .venv/bin/python tests/bench/bench_top.py --hosts 40 --refreshes 5 --no-ansible
 
 Hosts are real sshd servers on loopback addresses (tests/fixtures/loopback_sshd.py, host keys checked).
-Every run sends the same script (provisioner.top.SCRIPT: nvidia-smi's query, then the kernel log's Xid
-lines). This machine has no nvidia-smi, so each host answers "nvidia-smi not found" (exit 127): the
-figures are the cost of reaching the hosts and running a short script there, which is what `top`
-adds on top of nvidia-smi itself. A run counts as good when every host answered.
+gpuprov streams: one long-lived shell per host (provisioner.top.stream_script) answers each refresh with
+nvidia-smi's query and passes on new Xid lines as the kernel logs them. OpenSSH and Ansible run the same
+refresh as a one-shot script (provisioner.top.SCRIPT: the query, then this boot's Xid lines). This
+machine has no nvidia-smi, so each host answers "nvidia-smi not found" (exit 127): the figures are the
+cost of reaching the hosts and getting a refresh's answer, which is what `top` adds on top of
+nvidia-smi itself. A run counts as good when every host answered.
 
-- gpuprov first sample: `top.Fleet.refresh()` in this process, connections included;
-- gpuprov steady refreshes: further refreshes over the open connections (what `top` does every few
-  seconds); CPU per host per refresh is this process's CPU time / hosts / refreshes;
+- gpuprov first sample: `top.Fleet.refresh()` in this process, connections and streams included;
+- gpuprov steady refreshes: further refreshes over the open streams (what `top` does every few
+  seconds); CPU per host per refresh is this process's CPU time (all its threads, paramiko's
+  transport threads included) / hosts / refreshes;
 - OpenSSH: `ssh host sh -s` with the script, at the same concurrency;
 - Ansible tuned: `ansible all -m ansible.builtin.shell` with the script (forks = concurrency, pipelining,
   ControlPersist).

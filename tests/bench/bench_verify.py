@@ -3,7 +3,7 @@
     .venv/bin/python tests/bench/bench_verify.py --hosts 40          # the figures in docs/verification.md
     .venv/bin/python tests/bench/bench_verify.py --hosts 10 --quick  # a minute; skips Ansible defaults
 
-Every host is a real sshd on its own loopback address (127.0.0.x) with its own host key, recorded
+Every host is a real sshd on its own loopback address (127.0.x.y) with its own host key, recorded
 in a known_hosts file; every run checks host keys strictly. All runs probe the same hosts with the
 same concurrency (--parallel, default 50) except "Ansible defaults" (forks 5, its default):
 
@@ -255,13 +255,13 @@ def _stop_control_masters(fleet: LoopbackFleet, control: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, default=40, help="sshd endpoints (1-200)")
+    ap.add_argument("--hosts", type=int, default=40, help="sshd endpoints (1-500)")
     ap.add_argument("--parallel", type=int, default=50, help="concurrency for gpuprov, tuned Ansible, floor")
     ap.add_argument("--quick", action="store_true", help="skip Ansible at defaults (the slowest run)")
     ap.add_argument("--no-ansible", action="store_true", help="skip both Ansible runs")
     args = ap.parse_args()
-    if not 1 <= args.hosts <= 200:
-        ap.error("--hosts must be 1-200")
+    if not 1 <= args.hosts <= 500:
+        ap.error("--hosts must be 1-500")
     why = available()
     if why:
         print(f"bench_verify: cannot run: {why}", file=sys.stderr)
@@ -273,7 +273,8 @@ def main() -> int:
         t0 = time.monotonic()
         fleet.start()
         print(
-            f"{args.hosts} sshd endpoints on 127.0.0.2-{1 + args.hosts}:{fleet.port} up in "
+            f"{args.hosts} sshd endpoints on {fleet.servers[0].address}-{fleet.servers[-1].address}:"
+            f"{fleet.port} up in "
             f"{time.monotonic() - t0:.1f} s; concurrency {args.parallel}",
             flush=True,
         )

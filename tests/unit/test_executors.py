@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -354,3 +355,54 @@ def test_a_flood_of_output_is_cut_at_the_cap_and_the_command_stopped(fleet: Loop
     assert len(res.stdout) <= 1 << 20 and "cut" in res.stderr
     results = P.parse_script_output(res.stdout, token, ["os-release"], res.stderr)
     assert results["os-release"].rc is None and "cut short" in results["os-release"].note
+
+
+# ---------------------------------------------------------------------------------------- streams
+
+
+def _read_until(stream, wanted: bytes, timeout: float = 10.0) -> bytes:  # type: ignore[no-untyped-def]
+    got, deadline = b"", time.monotonic() + timeout
+    while wanted not in got and time.monotonic() < deadline and not stream.ended:
+        got += stream.read(deadline - time.monotonic())
+    return got
+
+
+def test_local_stream_answers_each_line_and_ends_with_its_input() -> None:
+    stream = LocalExecutor("here").open_stream('while read -r x; do echo "got $x"; done; echo bye')
+    try:
+        stream.send(b"a\n", 5)
+        assert _read_until(stream, b"got a\n") == b"got a\n"
+        assert stream.read(0.2) == b""  # nothing more until asked
+        stream.send(b"b\n", 5)
+        assert _read_until(stream, b"got b\n") == b"got b\n"
+    finally:
+        stream.close()
+    assert stream.ended and stream.proc.returncode == 0
+
+
+@needs_sshd
+def test_ssh_stream_keeps_one_command_running_on_one_channel(fleet: LoopbackFleet) -> None:
+    ex = SshExecutor(target(fleet))
+    try:
+        stream = ex.open_stream('echo err >&2; while read -r x; do echo "got $x"; done')
+        transport = ex.connect()
+        for word in (b"a", b"b", b"c"):
+            stream.send(word + b"\n", 5)
+            assert _read_until(stream, b"got " + word + b"\n") == b"got " + word + b"\n"
+        assert ex.connect() is transport and len(transport._channels.values()) == 1
+        assert stream.stderr_tail == b"err\n"
+        stream.close()
+        assert ex.run("echo still", 10).stdout == "still\n"  # the connection outlives the stream
+    finally:
+        ex.close()
+    assert _read_until(stream, b"never", 1) == b"" and stream.ended
+
+
+@needs_sshd
+def test_ssh_stream_read_ends_when_the_connection_drops(fleet: LoopbackFleet) -> None:
+    ex = SshExecutor(target(fleet))
+    stream = ex.open_stream("while read -r x; do echo $x; done")
+    ex.close()
+    with contextlib.suppress(HostUnreachable):
+        _read_until(stream, b"never", 5)
+    assert stream.ended

@@ -4,13 +4,15 @@ connections kept open between refreshes."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from provisioner import top as T
-from provisioner.executors import CommandResult, ExecutorError, HostUnreachable
+from provisioner.executors import ExecutorError, HostUnreachable
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
 
@@ -91,25 +93,115 @@ def test_json_and_prometheus_for_scripts() -> None:
     assert 'gpuprov_top_host_up{host="evil\\"\\nhost"} 0' in prom
 
 
-class FakeExecutor:
-    def __init__(self, answers: list[CommandResult | Exception]) -> None:
-        self.answers = answers
-        self.closed = False
+TOKEN = "0123abcd0123abcd"
 
-    def run(self, command, timeout):  # type: ignore[no-untyped-def]
+
+def record(body: str, rc: int = 0, said: str = "") -> bytes:
+    lines = [f"@@{TOKEN} S", *body.splitlines(), *(f"@@{TOKEN} R {x}" for x in said.splitlines())]
+    return ("\n".join([*lines, f"@@{TOKEN} E {rc}"]) + "\n").encode()
+
+
+XID_2A = "[ 812.5] NVRM: Xid (PCI:0000:2a:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+TWO_GPUS = (
+    "0, GPU-a, H100, 00000000:1B:00.0, 1, 0, 0, 1, 30, 70, 700, 0x1\n"
+    "1, GPU-b, H100, 00000000:2A:00.0, 1, 0, 0, 1, 30, 70, 700, 0x1\n"
+)
+
+
+def test_the_stream_is_read_line_by_line_with_xids_anywhere_and_foreign_markers_ignored() -> None:
+    hs = T.HostStream(TOKEN)
+    data = record(TWO_GPUS)
+    # Split mid-line, an Xid line from the follower inside the record, a marker with another token.
+    cut = data.index(b"GPU-b")
+    hs.feed(b"@@ffff0000ffff0000 E 0\n" + data[:cut])
+    hs.feed(XID_2A.encode() + data[cut:])
+    # A line torn by another writer is refused with that refresh, never misread.
+    assert hs.records == 1 and hs.sample("gpu1").error.startswith("unreadable nvidia-smi output")
+    hs.feed(record(TWO_GPUS))
+    assert hs.records == 2
+    a, b = hs.sample("gpu1").gpus
+    assert (a.xids, b.xids) == ([], [79])
+
+
+def test_the_first_stream_record_reads_like_the_one_shot_script() -> None:
+    hs = T.HostStream(TOKEN)
+    hs.feed(XID_2A.encode() + record(TWO_GPUS))
+    assert hs.sample("h").gpus == T.parse_sample(TWO_GPUS + T.XID_MARK + "\n" + XID_2A)
+
+
+def test_nvidia_smi_errors_and_bounds() -> None:
+    hs = T.HostStream(TOKEN)
+    hs.feed(record("", 127, "sh: 1: nvidia-smi: not found"))
+    assert hs.sample("h").error == "nvidia-smi not found"
+    hs.feed(record("", 9, "NVIDIA-SMI has failed because it couldn't communicate with the driver"))
+    assert hs.sample("h").error == (
+        "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate with the driver"
+    )
+    with pytest.raises(T.StreamError, match="longer than 64 KiB"):
+        hs.feed(b"x" * (T.MAX_LINE + 1))
+    flood = T.HostStream(TOKEN)
+    with pytest.raises(T.StreamError, match="more than 1024 lines"):
+        flood.feed(f"@@{TOKEN} S\n".encode() + b"0, a\n" * (T.MAX_RECORD_LINES + 1))
+    many = T.HostStream(TOKEN)
+    many.feed(XID_2A.encode() * (T.MAX_XIDS + 50))
+    assert len(many.xid_lines) == T.MAX_XIDS
+
+
+class FakeStream:
+    """A host's stream: answers each newline with the next scripted bytes (or raises)."""
+
+    def __init__(self, answers: list[bytes | Exception]) -> None:
+        self.answers = answers
+        self.pending = b""
+        self.ended = False
+        self.closed = False
+        self.ticks = 0
+
+    def send(self, data: bytes, timeout: float) -> None:
+        self.ticks += data.count(b"\n")
         a = self.answers.pop(0)
         if isinstance(a, Exception):
             raise a
-        return a
+        self.pending += a
+
+    def read(self, timeout: float) -> bytes:
+        data, self.pending = self.pending, b""
+        if not data:
+            self.ended = True
+        return data
 
     def close(self) -> None:
         self.closed = True
 
 
-def test_connections_stay_open_between_refreshes_and_a_broken_one_is_opened_again() -> None:
-    ok = CommandResult(0, real_h200_line(False) + "\n" + T.XID_MARK + "\n", "", 0.01)
-    first = FakeExecutor([ok, ok, ExecutorError("gpu1", "connection lost")])
-    second = FakeExecutor([ok])
+class FakeExecutor:
+    def __init__(self, stream: FakeStream) -> None:
+        self.stream = stream
+        self.scripts: list[str] = []
+        self.closed = False
+
+    def open_stream(self, script: str) -> FakeStream:
+        self.scripts.append(script)
+        token = re.search(r"^K=([0-9a-f]+)$", script, re.M)
+        assert token
+        # The fake answers with the token of the script it was given.
+        self.stream.answers = [
+            a.replace(TOKEN.encode(), token.group(1).encode()) if isinstance(a, bytes) else a
+            for a in self.stream.answers
+        ]
+        return self.stream
+
+    def run(self, command, timeout):  # type: ignore[no-untyped-def]
+        raise AssertionError("top streams: it runs no command per refresh")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_one_stream_per_host_one_tick_per_refresh_and_a_broken_one_is_opened_again() -> None:
+    ok = record(TWO_GPUS)
+    first = FakeExecutor(FakeStream([ok, ok + XID_2A.encode(), ok, ExecutorError("gpu1", "connection lost")]))
+    second = FakeExecutor(FakeStream([ok]))
     opened: list[FakeExecutor] = []
 
     def opener() -> FakeExecutor:
@@ -120,26 +212,104 @@ def test_connections_stay_open_between_refreshes_and_a_broken_one_is_opened_agai
     fleet = T.Fleet([("gpu1", opener)], parallel=4, timeout=5)
     try:
         assert fleet.refresh()[0].gpus and fleet.refresh()[0].gpus
-        assert len(opened) == 1  # one connection for two refreshes
+        third = fleet.refresh()[0]
+        assert third.gpus[1].xids == [79]  # the Xid line came after the second record
+        assert len(opened) == 1 and len(first.scripts) == 1 and first.stream.ticks == 3
         lost = fleet.refresh()[0]
-        assert lost.error == "connection lost" and first.closed
+        assert lost.error == "connection lost" and first.stream.closed and first.closed
         assert fleet.refresh()[0].gpus and len(opened) == 2
     finally:
         fleet.close()
+    assert second.stream.closed
+
+
+def test_a_stream_that_stops_answering_is_an_error_for_that_host_only() -> None:
+    silent = FakeExecutor(FakeStream([b""]))
+    fine = FakeExecutor(FakeStream([record(TWO_GPUS)]))
+    fleet = T.Fleet([("gpu1", lambda: silent), ("gpu2", lambda: fine)], 2, 5)
+    try:
+        a, b = fleet.refresh()
+    finally:
+        fleet.close()
+    assert a.error == "the session ended (connection lost?)" and silent.closed
+    assert b.error is None and len(b.gpus) == 2
 
 
 def test_a_host_that_cannot_be_reached_or_has_no_nvidia_smi_is_reported_not_raised() -> None:
     def unreachable() -> FakeExecutor:
         raise HostUnreachable("gpu9", "connection refused")
 
-    fleet = T.Fleet(
-        [("gpu9", unreachable), ("gpu2", lambda: FakeExecutor([CommandResult(127, "", "", 0.0)]))], 2, 5
-    )
+    no_smi = FakeExecutor(FakeStream([record("", 127, "sh: 1: nvidia-smi: not found")]))
+    fleet = T.Fleet([("gpu9", unreachable), ("gpu2", lambda: no_smi)], 2, 5)
     try:
         a, b = fleet.refresh()
     finally:
         fleet.close()
     assert (a.error, b.error) == ("connection refused", "nvidia-smi not found")
+
+
+FAKE_SMI = """#!/bin/sh
+echo "0, GPU-a, NVIDIA H200, 00000000:1B:00.0, 5, 1, 100, 143771, 35, 77.8, 700, 0x1"
+echo "1, GPU-b, NVIDIA H200, 00000000:2A:00.0, 5, 1, 100, 143771, 35, 77.8, 700, 0x1"
+"""
+# A dmesg without --follow (as busybox's): the script re-reads it and passes on only new lines.
+FAKE_DMESG = """#!/bin/sh
+[ "$1" = --help ] && { echo "Usage: dmesg [options]"; exit 0; }
+cat "$KLOG"
+"""
+XID_1B = "[ 2.0] NVRM: Xid (PCI:0000:1b:00): 48, pid=1, name=x, An uncorrectable double bit error\n"
+
+
+@pytest.mark.parametrize("follows", [False, True])
+def test_the_stream_script_sends_each_xid_line_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, follows: bool
+) -> None:
+    """The real script in /bin/sh with a fake nvidia-smi and dmesg: this boot's Xid lines come once at
+    the start, then only new ones, through the follower (dmesg --follow-new) or the re-read."""
+    from provisioner.executors import LocalExecutor
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    klog = tmp_path / "klog"
+    klog.write_text("[ 1.0] boot\n" + XID_1B)
+    dmesg = FAKE_DMESG
+    if follows:
+        dmesg = dmesg.replace('echo "Usage: dmesg [options]"', 'echo " -W, --follow-new   wait"')
+        dmesg = dmesg.replace(
+            'cat "$KLOG"', '[ "$1" = --follow-new ] && exec tail -n 0 -F "$KLOG"\ncat "$KLOG"'
+        )
+    for name, text in (("nvidia-smi", FAKE_SMI), ("dmesg", dmesg)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("KLOG", str(klog))
+    token = "feedbeef00112233"
+    stream = LocalExecutor("here").open_stream(T.stream_script(token))
+    hs = T.HostStream(token)
+    seen: list[bytes] = []
+
+    def refresh() -> T.HostSample:
+        stream.send(b"\n", 5)
+        wanted, deadline = hs.records + 1, time.monotonic() + 10
+        while hs.records < wanted and time.monotonic() < deadline:
+            data = stream.read(deadline - time.monotonic())
+            seen.append(data)
+            hs.feed(data)
+        return hs.sample("here")
+
+    try:
+        assert [g.xids for g in refresh().gpus] == [[48], []]
+        time.sleep(0.5)  # the follower starts after the first record (dmesg's backlog, then follow-new)
+        with klog.open("a") as f:
+            f.write("[ 3.0] NVRM: Xid (PCI:0000:2a:00): 79, pid=1, name=x, GPU has fallen off the bus.\n")
+        deadline = time.monotonic() + 10
+        while refresh().gpus[1].xids != [79] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [g.xids for g in refresh().gpus] == [[48], [79]]
+    finally:
+        stream.close()
+    sent = b"".join(seen)
+    assert sent.count(b"Xid (PCI:0000:1b:00)") == 1 and sent.count(b"Xid (PCI:0000:2a:00)") == 1
 
 
 def test_interval_and_targets_are_checked_first() -> None:
