@@ -436,11 +436,77 @@ def mig_apply(
     )
     if result.summary is not None:
         render_summary(result.summary, output_format.value)
+    elif output_format is OutputFormat.json and result.plan_doc is not None:
+        import json
+
+        sys.stdout.write(json.dumps(result.plan_doc, indent=2) + "\n")
     else:
         sys.stdout.write(result.plan_text)
         for note in result.notes:
             sys.stderr.write(f"note: {note}\n")
     return result.exit_code
+
+
+def _day2_apply(
+    name: str, inventory: Path | None, check: bool, yes: bool, forks: int, output_format: OutputFormat
+) -> int:
+    from provisioner.bootstrap.render import make_progress, show
+    from provisioner.bootstrap.verb import ENTRIES, run_bootstrap
+
+    entry = ENTRIES[name]
+    progress = make_progress(output_format.value)
+    with progress:
+        result = run_bootstrap(
+            inventory=inventory,
+            only=[],
+            skip=[],
+            limit=None,
+            check=check,
+            assume_yes=yes,
+            retry_failed=False,
+            forks=forks,
+            on_event=progress,
+            notify=progress.note,
+            confirm=_confirm if sys.stdin.isatty() else None,
+            entry=entry,
+        )
+    return show(result, output_format.value)
+
+
+sharing_app = typer.Typer(help="GPU sharing (time-slicing, MPS) through the GPU Operator's device plugin.")
+app.add_typer(sharing_app, name="sharing")
+tenants_app = typer.Typer(help="Tenants: namespaces with GPU quotas and limits, dedicated node pools.")
+app.add_typer(tenants_app, name="tenants")
+CheckOpt = Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ForksOpt = Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")]
+
+
+@sharing_app.command("apply")
+def sharing_apply(
+    inventory: InventoryOpt = None,
+    check: CheckOpt = False,
+    yes: YesOpt = False,
+    forks: ForksOpt = 20,
+    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> int:
+    """Publish the sharing profiles (gpuprov_gpu_sharing_profiles), label each GPU node with its profile
+    (gpuprov_gpu_sharing), restart the device plugin where a profile changed, then verify gpu.sharing and
+    k8s.gpu_allocatable on the GPU nodes."""
+    return _day2_apply("sharing", inventory, check, yes, forks, output_format)
+
+
+@tenants_app.command("apply")
+def tenants_apply(
+    inventory: InventoryOpt = None,
+    check: CheckOpt = False,
+    yes: YesOpt = False,
+    forks: ForksOpt = 20,
+    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+) -> int:
+    """Create or update the tenants (gpuprov_tenants): namespaces, GPU quotas, limits, node pools; then
+    verify tenants.quota."""
+    return _day2_apply("tenants", inventory, check, yes, forks, output_format)
 
 
 def _confirm(question: str) -> bool:

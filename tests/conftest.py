@@ -11,6 +11,7 @@ state of the lab it needs; lab tests run in the order of ``LAB_PHASES`` (stable 
 
 - ``fresh``: bare hosts, as ``lab up`` made them (tests of the lab itself);
 - ``bootstrapped``: the whole fleet bootstrapped with the default settings, read or faulted and cleared;
+- ``day2``: day-2 operations on the bootstrapped fleet (MIG layouts, sharing, tenants), put back after;
 - ``reprovisions``: tests that bootstrap the fleet with other settings (another driver branch).
 """
 
@@ -46,7 +47,7 @@ def lab() -> Iterator[Lab]:
             sys.stderr.write(f"gpuprov lab down --lab {name} failed:\n{down.stderr}\n")
 
 
-LAB_PHASES = ("fresh", "bootstrapped", "reprovisions")
+LAB_PHASES = ("fresh", "bootstrapped", "day2", "reprovisions")
 
 
 def _lab_phase(item: pytest.Item) -> int:

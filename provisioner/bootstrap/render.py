@@ -102,7 +102,8 @@ def render_summary(
     from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
-    table = Table(title="bootstrap" + (" (check mode)" if summary["check"] else ""), show_lines=False)
+    title = str(summary.get("verb") or "bootstrap").replace("-", " ")
+    table = Table(title=title + (" (check mode)" if summary["check"] else ""), show_lines=False)
     for col in ("host", "status", "ok", "changed", "failed", "unreach.", "skipped", "reason"):
         table.add_column(
             col, justify="right" if col in ("ok", "changed", "failed", "unreach.", "skipped") else "left"

@@ -20,6 +20,35 @@ SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
 FACTS_PLAY = "Facts"  # site.yml's first play, tagged always: it runs whatever the stages
 
 
+@dataclass(frozen=True)
+class Day2Entry:
+    """A day-2 verb that runs one part of a stage through its own playbook, then verifies what it set."""
+
+    verb: str  # the record's and summary's name
+    playbook: str  # in playbooks/
+    play: str  # the playbook's play, as its events name it
+    stage: str  # the bootstrap stage whose settings it applies (what verification expects)
+    checks: dict[str, tuple[str, ...]]  # inventory group → the checks its hosts are verified with
+
+
+ENTRIES: dict[str, Day2Entry] = {
+    "sharing": Day2Entry(
+        "sharing-apply",
+        "sharing.yml",
+        "sharing",
+        "gpu_operator",
+        {"gpu_nodes": ("gpu.sharing", "k8s.gpu_allocatable")},
+    ),
+    "tenants": Day2Entry(
+        "tenants-apply",
+        "tenants.yml",
+        "gpu_tenants",
+        "gpu_operator",
+        {"kube_control_plane": ("tenants.quota",)},
+    ),
+}
+
+
 # ------------------------------------------------------------------------------------------ summary
 
 
@@ -96,6 +125,22 @@ def expectations_for(host: Any, stages: list[str]) -> dict[str, Any]:
     if "kubernetes" in stages and "k8s_cluster" in host.groups:
         services += ["containerd", "kubelet"]
         exp["k8s.node"] = True
+    if "gpu_operator" in stages and {"k8s_cluster", "kube_control_plane"} & set(host.groups):
+        # What the operator was asked to set up: MIG layout and strategy, GPU sharing, tenants (declared in
+        # the inventory) and, on GPU nodes, the DCGM exporter unless its values turn it off (the chart's
+        # dcgmExporter.enabled defaults to true: NVIDIA/gpu-operator v25.10.0 deployments/gpu-operator
+        # values.yaml).
+        from provisioner.inventory_expectations import declared
+
+        exp.update(
+            {key: value for key, (value, _source) in declared(hv, host=host.name, groups=host.groups).items()}
+        )
+        if gpu_host:
+            values = _effective(hv, "gpu_operator", "gpu_operator_values")
+            exporter = values.get("dcgmExporter") if isinstance(values, dict) else None
+            exp["monitoring.dcgm_exporter"] = not (
+                isinstance(exporter, dict) and exporter.get("enabled") is False
+            )
     if services:
         exp["services.active"] = sorted(set(services))
     return exp
@@ -109,14 +154,19 @@ def _check_ids(stages: list[str], host: Any) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def _verify(hosts: list[Any], stages: list[str]) -> dict[str, Any]:
+def _verify(hosts: list[Any], stages: list[str], entry: Day2Entry | None = None) -> dict[str, Any]:
     """Verify each host against what its stages promise; returns {host: HostReport}."""
     from provisioner.policy import Policy
     from provisioner.verification import verify_hosts
 
     by_checks: dict[tuple[str, ...], list[Any]] = {}
     for h in hosts:
-        by_checks.setdefault(tuple(_check_ids(stages, h)), []).append(h)
+        if entry is None:
+            ids = _check_ids(stages, h)
+        else:
+            ids = list(dict.fromkeys(i for g, c in entry.checks.items() if g in h.groups for i in c))
+        by_checks.setdefault(tuple(ids), []).append(h)
+    stages = [entry.stage] if entry is not None else stages
     reports: dict[str, Any] = {}
     for ids, group in by_checks.items():
         if not ids:
@@ -179,8 +229,10 @@ def run_bootstrap(
     on_event: Callable[[Event], None] | None = None,
     notify: Callable[[str], None] | None = None,
     confirm: Callable[[str], bool] | None = None,
+    entry: Day2Entry | None = None,
 ) -> BootstrapResult:
-    """The verb. Bad input raises InputError before any host is touched. `on_event` gets every playbook
+    """The verb (or, with `entry`, a day-2 verb running its own playbook the same way). Bad input raises
+    InputError before any host is touched. `on_event` gets every playbook
     event as it happens (the live progress), `notify` a line at each phase, `confirm` the question asked
     before hosts are changed (None: nobody to ask, so only --yes goes on)."""
     from provisioner.inventory import load_inventory
@@ -189,10 +241,12 @@ def run_bootstrap(
 
     if inventory is None:
         raise InputError("-i/--inventory is required (try: gpuprov lab inventory)")
-    chosen = select_stages(only, skip)
-    plays = [s for s in chosen if s in STAGE_NAMES]
-    if not SITE_PLAYBOOK.is_file():
-        raise InputError(f"{SITE_PLAYBOOK}: playbook missing from this installation")
+    verb = entry.verb if entry is not None else "bootstrap"
+    chosen = select_stages(only, skip) if entry is None else [entry.play, VERIFY]
+    plays = [s for s in chosen if s in STAGE_NAMES] if entry is None else [entry.play]
+    playbook = SITE_PLAYBOOK if entry is None else PLAYBOOKS_DIR / entry.playbook
+    if not playbook.is_file():
+        raise InputError(f"{playbook}: playbook missing from this installation")
     inv = load_inventory(inventory)
     if retry_failed:
         limit = _retry_limit(inventory, limit)
@@ -206,9 +260,9 @@ def run_bootstrap(
     if not check:
         _confirm(hosts, chosen, assume_yes, confirm)
 
-    record = records.new_record("bootstrap")
+    record = records.new_record(verb)
     command = {
-        "verb": "bootstrap",
+        "verb": verb,
         "inventory": str(inventory.resolve()),
         "stages": chosen,
         "limit": limit,
@@ -217,7 +271,7 @@ def run_bootstrap(
         "hosts": [h.name for h in hosts],
     }
     records.write_json(record / "command.json", command)
-    say(f"bootstrap: {len(hosts)} host(s), stages {', '.join(chosen)}; record {record}")
+    say(f"{verb}: {len(hosts)} host(s), stages {', '.join(chosen)}; record {record}")
 
     outcomes = {h.name: HostOutcome(h.name, "not-run") for h in hosts}
     changes: dict[str, list[dict[str, str]]] = {}
@@ -225,7 +279,7 @@ def run_bootstrap(
     if plays:
         from provisioner.runner import run_playbook
 
-        all_plays = len(plays) == len(STAGE_NAMES)
+        all_plays = entry is not None or len(plays) == len(STAGE_NAMES)
         shown = {FACTS_PLAY, *plays}
 
         def on_playbook_event(event: Event) -> None:
@@ -237,7 +291,7 @@ def run_bootstrap(
                 on_event(event)
 
         result = run_playbook(
-            SITE_PLAYBOOK,
+            playbook,
             inventory,
             record_dir=record,
             limit=limit,
@@ -281,9 +335,9 @@ def run_bootstrap(
     if VERIFY in chosen and not check and not interrupted:
         ready = [h for h in hosts if outcomes[h.name].status == "done"]
         if ready:
-            say(f"bootstrap: verifying {len(ready)} host(s)")
+            say(f"{verb}: verifying {len(ready)} host(s)")
             t0 = time.monotonic()
-            verify_report = _verify(ready, chosen)
+            verify_report = _verify(ready, chosen, entry)
             verify_s = time.monotonic() - t0
             for name, hr in verify_report.items():
                 outcome = outcomes[name]
@@ -297,7 +351,7 @@ def run_bootstrap(
                     outcome.reason = outcome.verify_failures[0]
 
     summary = {
-        "verb": "bootstrap",
+        "verb": verb,
         "inventory": command["inventory"],
         "record": str(record),
         "check": check,

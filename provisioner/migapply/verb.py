@@ -47,6 +47,7 @@ class MigResult:
     exit_code: int
     summary: dict[str, Any] | None = None
     plan_text: str = ""
+    plan_doc: dict[str, Any] | None = None  # a dry run's plan, for --format json
     notes: list[str] = field(default_factory=list)
 
 
@@ -183,7 +184,11 @@ def run_mig_apply(
             notes = _check(fleet, options, probes, names, inventory)
             plan = _plan(fleet, options, probes, names)
             if dry_run:
-                return MigResult(EXIT_OK, plan_text=_render_plan(plan, options, probes), notes=notes)
+                doc = {"dry_run": True, **plan.to_dict(), "waves": plan.waves, "options": options.to_dict()}
+                doc["notes"] = notes
+                return MigResult(
+                    EXIT_OK, plan_text=_render_plan(plan, options, probes), plan_doc=doc, notes=notes
+                )
             for note in notes:
                 progress(None, f"note: {note}")
             if state is None:

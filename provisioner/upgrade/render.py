@@ -38,7 +38,7 @@ def render_summary(summary: dict[str, Any], output_format: str) -> None:
     from rich.text import Text
 
     console = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
-    table = Table(title=f"{summary['verb']} → {summary['target']}")
+    table = Table(title=f"{summary.get('verb', 'upgrade-driver')} → {summary['target']}")
     for col in ("host", "from", "to", "result", "time", "reason"):
         table.add_column(col, justify="right" if col == "time" else "left")
     for h in summary["hosts"]:

@@ -1,0 +1,327 @@
+"""Day-2 operations on the bootstrapped session lab, through the real CLI: MIG layouts, GPU sharing,
+tenants and the DCGM exporter.
+
+The lab's GPU hosts are gpu1 (1x H200, 0x2335), gpu2 (8x H100 80GB, 0x2330) and gpu3 (4x A100 80GB). A copy
+of the lab's inventory declares, with the mixed strategy, all-1g.18gb on gpu1 and all-balanced on gpu2;
+time-slicing ×4 on gpu3; a tenant with a quota of 2 GPUs. Then, in order: the gpu_operator and gpu_tenants
+stages deliver the settings → `mig apply` rolls both layouts (MIG resources allocatable as the layouts
+say) → verify passes the day-2 checks → an injected MIG-manager failure leaves the node cordoned with its
+operands back, and `--resume` finishes it once the fault is gone → time-slicing: allocatable 4 × GPUs and
+one pod more than that pends → a tenant over its quota is refused → the exporter check fails while the
+exporter is off the node. The module leaves MIG disabled, sharing off and every node schedulable.
+
+What runs for real: gpuprov, Ansible, helm, kubectl, NVIDIA's chart and manifests, nvidia-mig-parted's
+parser on the controller. What the lab simulates: the API server, kubelets, the operator loop, the MIG
+manager (its label protocol), the GPUs' MIG state, the device plugin's resources and the exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gpuprov_lab import vendor
+from gpuprov_lab.testkit import Lab, gpuprov
+
+pytestmark = pytest.mark.lab
+LAB_PHASE = "day2"  # see tests/conftest.py
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+TS4 = {
+    "version": "v1",
+    "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+}
+TENANT = {"name": "team-a", "gpus": 2, "max_gpus_per_pod": 2}
+
+
+@dataclass
+class Day2:
+    lab: Lab
+    inventory: Path
+    home: Path
+
+    def run(self, *args: str, timeout: float = 1800) -> tuple[int, str, str]:
+        # The controller's nvidia-mig-parted: NVIDIA's own, built from source (the vendor artifacts).
+        tool = vendor.artifact("mig-parted", "bin/nvidia-mig-parted")
+        env = {"GPUPROV_HOME": str(self.home), "GPUPROV_MIG_PARTED": str(tool)}
+        res = gpuprov(*args, timeout=timeout, env=env)
+        return res.returncode, res.stdout, res.stderr
+
+    def mig_apply(self, *args: str) -> tuple[int, dict[str, Any], str]:
+        rc, out, err = self.run("mig", "apply", "-i", str(self.inventory), "--format", "json", *args)
+        try:
+            summary = json.loads(out) if out.strip() else {}
+        except ValueError:
+            pytest.fail(f"mig apply printed no JSON (rc {rc}):\n{out[-2000:]}\n{err[-3000:]}")
+        return rc, summary, err
+
+    def kubectl(self, command: str, check: bool = True) -> str:
+        res = self.lab.ssh("cp1", f"{KUBECTL} {command}")
+        if check:
+            assert res.returncode == 0, f"kubectl {command}: {res.stderr}"
+        return res.stdout + res.stderr
+
+    def node(self, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl(f"get node {name} -o json"))
+
+    def allocatable(self, name: str) -> dict[str, str]:
+        alloc = self.node(name)["status"].get("allocatable") or {}
+        return {k: v for k, v in alloc.items() if k.startswith("nvidia.com/")}
+
+    def wait_allocatable(self, name: str, want: dict[str, str], timeout: float = 180) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.allocatable(name)
+            if all(got.get(k) == v for k, v in want.items()):
+                return got
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} advertises {got}, expected {want}")
+            time.sleep(3)
+
+    def set_vars(self, group: str, **values: Any) -> None:
+        path = self.inventory.parent / "group_vars" / f"{group}.yml"
+        doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+        doc.update(values)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def set_host(self, host: str, **values: Any) -> None:
+        path = self.inventory.parent / "host_vars" / f"{host}.yml"
+        path.parent.mkdir(exist_ok=True)
+        doc = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+        doc.update(values)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def verify(self, checks: str) -> tuple[int, dict[str, dict[str, Any]]]:
+        rc, out, err = self.run("verify", "-i", str(self.inventory), "--format", "json", "--checks", checks)
+        assert rc in (0, 1), err
+        return rc, {h["host"]: h for h in json.loads(out)["hosts"]}
+
+
+def statuses(host: dict[str, Any], check_id: str) -> list[str]:
+    return [c["status"] for c in host["checks"] if c["id"] == check_id]
+
+
+@pytest.fixture(scope="module")
+def day2(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day2]:
+    lab: Lab = bootstrapped.lab
+    base = tmp_path_factory.mktemp("day2")
+    inv_dir = base / "inventory"
+    (inv_dir / "group_vars").mkdir(parents=True)
+    inventory = inv_dir / "hosts.yml"
+    shutil.copyfile(lab.inventory, inventory)
+    env = Day2(lab, inventory, base / "home")
+    env.set_vars(
+        "all",
+        gpuprov_mig_strategy="mixed",
+        gpuprov_gpu_sharing_profiles={"ts4": TS4},
+        gpuprov_tenants=[TENANT],
+    )
+    env.set_host("gpu3", gpuprov_gpu_sharing="ts4")
+    try:
+        rc, out, err = env.run(
+            "bootstrap",
+            "-i",
+            str(inventory),
+            "--only",
+            "gpu_operator,gpu_tenants",
+            "--yes",
+            "--format",
+            "json",
+        )
+        assert rc == 0, f"gpu_operator/gpu_tenants stages failed:\n{out[-3000:]}\n{err[-3000:]}"
+        # The layouts are declared once the strategy is set: `mig apply` rolls them node by node.
+        env.set_host("gpu1", gpuprov_mig_config="all-1g.18gb")
+        env.set_host("gpu2", gpuprov_mig_config="all-balanced")
+        yield env
+    finally:
+        # Back to the lab's defaults for the phases after this one: MIG off, no sharing, no tenant.
+        for host in lab.hosts:
+            lab.cli("lab", "fault", host, "clear")
+        for host in ("gpu1", "gpu2"):
+            env.set_host(host, gpuprov_mig_config="all-disabled")
+        env.mig_apply("--batch", "2")
+        for host in lab.hosts:
+            lab.ssh("cp1", f"{KUBECTL} uncordon {host}")
+        lab.ssh("cp1", f"{KUBECTL} delete namespace day2-ts team-a --wait=false")
+        res = gpuprov("bootstrap", "-i", str(lab.inventory), "--only", "gpu_operator", "--yes",
+                      timeout=1800, env={"GPUPROV_HOME": str(env.home)})  # fmt: skip
+        assert res.returncode == 0, f"restoring the lab's operator settings failed: {res.stderr[-3000:]}"
+
+
+def test_mig_layouts_roll_and_advertise_their_resources(day2: Day2) -> None:
+    rc, plan, err = day2.mig_apply("--dry-run")
+    assert rc == 0, err
+    assert plan["dry_run"] and plan["waves"] == [["gpu1", "gpu2"]], plan
+    assert day2.node("gpu1")["metadata"]["labels"].get("nvidia.com/mig.config") != "all-1g.18gb"
+
+    rc, summary, err = day2.mig_apply("--batch", "2")
+    assert rc == 0, f"{summary}\n{err[-3000:]}"
+    results = {h["host"]: h["result"] for h in summary["hosts"]}
+    assert results == {"gpu1": "applied", "gpu2": "applied"}, summary
+    day2.wait_allocatable("gpu1", {"nvidia.com/mig-1g.18gb": "7"})
+    day2.wait_allocatable(
+        "gpu2", {"nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-2g.20gb": "8", "nvidia.com/mig-3g.40gb": "8"}
+    )
+    for host in ("gpu1", "gpu2"):
+        node = day2.node(host)
+        assert not node["spec"].get("unschedulable"), host
+        assert node["metadata"]["labels"]["nvidia.com/mig.config.state"] == "success"
+    listing = day2.lab.ssh("gpu1", "nvidia-smi -L").stdout
+    assert listing.count("MIG 1g.18gb") == 7, listing
+
+    rc, hosts = day2.verify("mig.config,k8s.gpu_allocatable")
+    bad = {n: [c for c in h["checks"] if c["status"] not in ("pass", "skip")] for n, h in hosts.items()}
+    assert rc == 0, bad
+    assert statuses(hosts["gpu1"], "mig.config") == ["pass"]
+    assert statuses(hosts["gpu2"], "mig.config") == ["pass"]
+
+    rc, again, _ = day2.mig_apply()
+    assert rc == 0 and {h["result"] for h in again["hosts"]} == {"skipped"}, again
+
+
+def test_a_layout_the_gpu_cannot_hold_is_refused_before_anything(day2: Day2) -> None:
+    day2.set_host("gpu1", gpuprov_mig_config="all-1g.10gb")  # an A100/H100 profile: not on an H200
+    try:
+        rc, _summary, err = day2.mig_apply()
+        assert rc == 2, err
+        assert "gpu1:" in err and "1g.10gb" in err, err
+        assert not day2.node("gpu1")["spec"].get("unschedulable")
+    finally:
+        day2.set_host("gpu1", gpuprov_mig_config="all-1g.18gb")
+
+
+def test_mig_manager_failure_leaves_node_cordoned_with_operands_back(day2: Day2) -> None:
+    lab = day2.lab
+    assert lab.cli("lab", "fault", "gpu1", "mig-fail").returncode == 0
+    day2.set_host("gpu1", gpuprov_mig_config="all-balanced")
+    try:
+        rc, summary, err = day2.mig_apply("--limit", "gpu1", "--timeout", "240")
+        assert rc == 1, f"{summary}\n{err[-2000:]}"
+        host = summary["hosts"][0]
+        assert host["result"] == "failed" and "failed" in host["reason"], host
+        node = day2.node("gpu1")
+        labels = node["metadata"]["labels"]
+        assert node["spec"].get("unschedulable") is True
+        assert labels.get("nvidia.com/mig.config.state") == "failed"
+        paused = {k: v for k, v in labels.items() if v == "paused-for-mig-change"}
+        assert not paused, f"operand labels left paused: {paused}"
+        assert labels.get("nvidia.com/gpu.deploy.device-plugin") == "true"
+        assert "gpuprov.io/mig-apply" in (node["metadata"].get("annotations") or {})
+
+        assert lab.cli("lab", "fault", "gpu1", "clear").returncode == 0
+        rc, summary, err = day2.mig_apply("--resume")
+        assert rc == 0, f"{summary}\n{err[-2000:]}"
+        day2.wait_allocatable(
+            "gpu1",
+            {"nvidia.com/mig-1g.18gb": "2", "nvidia.com/mig-2g.35gb": "1", "nvidia.com/mig-3g.71gb": "1"},
+        )
+        assert not day2.node("gpu1")["spec"].get("unschedulable")
+    finally:
+        lab.cli("lab", "fault", "gpu1", "clear")
+        day2.set_host("gpu1", gpuprov_mig_config="all-1g.18gb")
+
+
+def test_time_slicing_multiplies_allocatable_and_the_next_pod_pends(day2: Day2) -> None:
+    gpus = day2.lab.hosts["gpu3"].gpu_count
+    day2.wait_allocatable("gpu3", {"nvidia.com/gpu": str(4 * gpus)})
+    labels = day2.node("gpu3")["metadata"]["labels"]
+    assert labels.get("nvidia.com/gpu.replicas") == "4"
+    assert labels.get("nvidia.com/gpu.sharing-strategy") == "time-slicing"
+    _rc, hosts = day2.verify("gpu.sharing,k8s.gpu_allocatable")
+    assert statuses(hosts["gpu3"], "gpu.sharing") == ["pass"], hosts["gpu3"]
+    assert statuses(hosts["gpu3"], "k8s.gpu_allocatable") == ["pass"], hosts["gpu3"]
+
+    pods = 4 * gpus + 1
+    docs = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"shared-{i}", "namespace": "day2-ts"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "gpu3"},
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "cuda", "image": "nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04",
+                     "command": ["sleep", "3600"], "resources": {"limits": {"nvidia.com/gpu": 1}}}
+                ],
+            },
+        }
+        for i in range(pods)
+    ]  # fmt: skip
+    manifest = yaml.safe_dump_all(
+        [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "day2-ts"}}, *docs]
+    )
+    res = day2.lab.ssh(
+        "cp1", f"cat > /tmp/day2-ts.yaml <<'EOF'\n{manifest}EOF\n{KUBECTL} apply -f /tmp/day2-ts.yaml"
+    )
+    assert res.returncode == 0, res.stderr
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            items = json.loads(day2.kubectl("get pods -n day2-ts -o json"))["items"]
+            bound = [p for p in items if p["spec"].get("nodeName")]
+            pending = [p for p in items if not p["spec"].get("nodeName")]
+            reasons = [
+                c.get("message", "")
+                for p in pending
+                for c in (p.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("status") == "False"
+            ]
+            if len(bound) == pods - 1 and len(pending) == 1 and reasons:
+                break
+            assert time.monotonic() < deadline, (len(bound), len(pending), reasons)
+            time.sleep(3)
+        assert "Insufficient nvidia.com/gpu" in reasons[0], reasons
+    finally:
+        day2.kubectl("delete namespace day2-ts --wait=false", check=False)
+
+
+def test_a_tenant_over_its_quota_is_refused(day2: Day2) -> None:
+    _rc, hosts = day2.verify("tenants.quota")
+    assert statuses(hosts["cp1"], "tenants.quota") == ["pass"], hosts["cp1"]
+    quota = json.loads(day2.kubectl("get resourcequota -n team-a -o json"))["items"]
+    assert quota and quota[0]["spec"]["hard"]["requests.nvidia.com/gpu"] == "2", quota
+
+    def pod(name: str, gpus: int) -> str:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["sleep", "60"],
+                                     "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        }  # fmt: skip
+        res = day2.lab.ssh("cp1", f"{KUBECTL} create -f - <<'EOF'\n{json.dumps(doc)}\nEOF")
+        return (res.stdout + res.stderr).strip()
+
+    try:
+        assert "created" in pod("within", 2)
+        refused = pod("over", 1)
+        assert "exceeded quota" in refused and "requests.nvidia.com/gpu" in refused, refused
+    finally:
+        day2.kubectl("delete pod -n team-a within over --ignore-not-found --wait=false", check=False)
+
+
+def test_exporter_check_passes_then_fails_while_the_exporter_is_off(day2: Day2) -> None:
+    rc, hosts = day2.verify("monitoring.dcgm_exporter")
+    for host in ("gpu1", "gpu2", "gpu3"):
+        assert statuses(hosts[host], "monitoring.dcgm_exporter") == ["pass"], hosts[host]
+    # The GPU Operator's switch for one operand on one node: its pod leaves.
+    day2.kubectl("label node gpu3 --overwrite nvidia.com/gpu.deploy.dcgm-exporter=false")
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            rc, hosts = day2.verify("monitoring.dcgm_exporter")
+            if statuses(hosts["gpu3"], "monitoring.dcgm_exporter") == ["fail"]:
+                break
+            assert time.monotonic() < deadline, hosts["gpu3"]
+            time.sleep(3)
+        assert rc == 1
+        assert statuses(hosts["gpu1"], "monitoring.dcgm_exporter") == ["pass"]
+    finally:
+        day2.kubectl("label node gpu3 --overwrite nvidia.com/gpu.deploy.dcgm-exporter=true")
