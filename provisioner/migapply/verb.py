@@ -122,6 +122,7 @@ def run_mig_apply(
     confirm: Callable[[str], bool] | None = None,
     fleet_factory: Callable[..., MigFleet] = MigFleet,
 ) -> MigResult:
+    from provisioner.config import validate_inventory_settings
     from provisioner.inventory import load_inventory
 
     if inventory is None:
@@ -163,6 +164,7 @@ def run_mig_apply(
                 )
         else:
             selected = [h for h in inv.select(limit) if "gpu_nodes" in h.groups]
+        validate_inventory_settings(inv, selected)
         layouts, strategy = _declared(selected, Path(inventory))
         if not layouts:
             by = f" among the hosts --limit {limit} selects" if limit else ""

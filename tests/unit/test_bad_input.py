@@ -153,22 +153,43 @@ GPU_SETTINGS_CASES = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("verb", [("bootstrap",), ("sharing", "apply"), ("tenants", "apply")])
 @pytest.mark.parametrize(("file", "settings", "key", "why"), GPU_SETTINGS_CASES)
 def test_gpu_sharing_mig_and_tenant_settings_are_refused_before_connecting(
-    tmp_path: Path, file: str, settings: str, key: str, why: str
+    tmp_path: Path, file: str, settings: str, key: str, why: str, verb: tuple[str, ...]
 ) -> None:
+    """bootstrap and the day-2 verbs read the same settings the same way (addresses in the sample
+    inventory are TEST-NET: a verb that tried to connect would hang or fail differently)."""
     inv = tmp_path / "inv"
     shutil.copytree(SAMPLE.parent, inv)
     where = inv / "group_vars" / file
     if where.name == "all.yml":
         where = inv / "group_vars" / "all" / "gpu_settings.yml"
     where.write_text(settings)
-    res = gpuprov("bootstrap", "-i", str(inv / "hosts.yml"), "--yes")
+    res = gpuprov(*verb, "-i", str(inv / "hosts.yml"), "--yes")
     no_traceback(res)
     assert res.returncode == 2, res.stderr
     assert f"{key}: " in res.stderr and why in res.stderr and str(where) in res.stderr, res.stderr
     first_host = "gpu1" if file == "gpu_nodes.yml" else "cp1"
     assert f"(host {first_host}" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ("gpuprov_mig_config: 'all 1g;reboot'\n", "gpuprov_mig_config must be a MIG layout name"),
+        ("gpuprov_mig_config: all-1g.18gb\ngpuprov_mig_strategy: sometimes\n", "single or mixed"),
+    ],
+)
+def test_mig_apply_refuses_bad_layout_settings_before_connecting(
+    tmp_path: Path, settings: str, why: str
+) -> None:
+    inv = tmp_path / "inv"
+    shutil.copytree(SAMPLE.parent, inv)
+    (inv / "group_vars" / "gpu_nodes.yml").write_text(settings)
+    res = gpuprov("mig", "apply", "-i", str(inv / "hosts.yml"))
+    no_traceback(res)
+    assert res.returncode == 2 and why in res.stderr and "gpu1" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "-1"])
