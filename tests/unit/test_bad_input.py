@@ -177,8 +177,14 @@ def test_gpu_sharing_mig_and_tenant_settings_are_refused_before_connecting(
 @pytest.mark.parametrize(
     ("settings", "why"),
     [
-        ("gpuprov_mig_config: 'all 1g;reboot'\n", "gpuprov_mig_config must be a MIG layout name"),
-        ("gpuprov_mig_config: all-1g.18gb\ngpuprov_mig_strategy: sometimes\n", "single or mixed"),
+        (
+            "gpuprov_mig_config: 'all 1g;reboot'\n",
+            "gpuprov_mig_config: 'all 1g;reboot' is no Kubernetes label value",
+        ),
+        (
+            "gpuprov_mig_config: all-1g.18gb\ngpuprov_mig_strategy: sometimes\n",
+            "gpuprov_mig_strategy: 'sometimes' is not one of: single, mixed",
+        ),
     ],
 )
 def test_mig_apply_refuses_bad_layout_settings_before_connecting(
@@ -190,6 +196,7 @@ def test_mig_apply_refuses_bad_layout_settings_before_connecting(
     res = gpuprov("mig", "apply", "-i", str(inv / "hosts.yml"))
     no_traceback(res)
     assert res.returncode == 2 and why in res.stderr and "gpu1" in res.stderr, res.stderr
+    assert str(inv / "group_vars" / "gpu_nodes.yml") in res.stderr
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "-1"])
