@@ -155,7 +155,7 @@ def day2(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day
 
 
 def test_mig_layouts_roll_and_advertise_their_resources(day2: Day2) -> None:
-    rc, plan, err = day2.mig_apply("--dry-run")
+    rc, plan, err = day2.mig_apply("--dry-run", "--batch", "2")
     assert rc == 0, err
     assert plan["dry_run"] and plan["waves"] == [["gpu1", "gpu2"]], plan
     assert day2.node("gpu1")["metadata"]["labels"].get("nvidia.com/mig.config") != "all-1g.18gb"
