@@ -165,7 +165,9 @@ def test_one_upgrade_at_a_time_per_inventory(home: Path) -> None:
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         with (
-            pytest.raises(InputError, match=rf"another rolling run \(upgrade-driver or mig apply, pid {holder.pid}\)"),
+            pytest.raises(
+                InputError, match=rf"another rolling run \(upgrade-driver or mig apply, pid {holder.pid}\)"
+            ),
             inventory_lock("/inv/hosts.yml"),
         ):
             pass
