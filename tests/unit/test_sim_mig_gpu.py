@@ -322,3 +322,13 @@ def test_changes_need_root_on_a_host(h200: SimHost, monkeypatch: pytest.MonkeyPa
     )
     assert h200.smi("mig", "-dgi") == (4, "Failed to destroy GPU instances: Insufficient Permissions\n")
     assert mode(h200, 0) == "Disabled, Disabled"  # reading needs no root
+
+
+def test_the_mig_fail_fault_makes_instance_creation_fail_too(h100: SimHost) -> None:
+    """A layout change on a GPU already in MIG mode needs no mode change: the fault breaks it all the same."""
+    assert h100.smi("-i", "0", "-mig", "1")[0] == 0
+    h100.set_faults([{"kind": "mig-fail"}])
+    rc, out = h100.smi("mig", "-i", "0", "-cgi", "1g.10gb", "-C")
+    assert rc == 255 and "Unknown Error" in out, out
+    h100.set_faults([])
+    assert h100.smi("mig", "-i", "0", "-cgi", "1g.10gb", "-C")[0] == 0

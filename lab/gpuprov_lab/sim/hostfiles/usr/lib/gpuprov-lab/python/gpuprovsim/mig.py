@@ -48,7 +48,9 @@ RC_IN_USE = 19
 RC_INSUFFICIENT = 23
 RC_ARGS = 2
 RC_UNKNOWN = 255
-HOST_FAULT = "mig-fail"  # `gpuprov lab fault HOST mig-fail`: enabling MIG mode fails on every GPU
+# `gpuprov lab fault HOST mig-fail`: enabling MIG mode, and creating GPU instances, fail on every GPU (a
+# layout change then fails whether or not it needs a mode change).
+HOST_FAULT = "mig-fail"
 MEMORY_SLOTS = 8
 PERSISTENCE_WARNING = (
     "Warning: persistence mode is disabled on device {bus}. See the Known Issues section of the "
@@ -470,6 +472,12 @@ def create_gpu_instances(host: core.Host, gpus: Indexed, tokens: list[str], with
             table = profiles(g) or ()
             cur = gpu_state(st, g)
             for token in tokens:
+                if host.has_fault(HOST_FAULT):
+                    out += [
+                        f"Unable to create a GPU instance on GPU {i:>2} using profile {token}: Unknown Error",
+                        "Failed to create GPU instances: Unknown Error",
+                    ]
+                    raise MigError("\n".join(out) + "\n", RC_UNKNOWN)
                 p = _profile(table, token)
                 start = None if p is None else _choose(table, cur, p)
                 if p is None or start is None:
