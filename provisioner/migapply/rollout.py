@@ -22,7 +22,7 @@ from provisioner.migapply.fleet import (
 from provisioner.upgrade.model import OPERAND_LABEL_PREFIX, InstallOutcome, StepFailed, not_this_host
 from provisioner.upgrade.plan import BatchSize, HostProbe
 from provisioner.upgrade.rollout import Rollout
-from provisioner.upgrade.state import CORDONING, DRAINING, FAILED, INSTALLING, SKIPPED, UNCORDONING, UPGRADED
+from provisioner.upgrade.state import FAILED, INSTALLING, SKIPPED, UNCORDONING, UPGRADED
 
 DEFAULT_STATE_TIMEOUT = 600.0
 ALLOCATABLE_WAIT = 120.0  # the device plugin comes back after the MIG manager restores its label
@@ -138,23 +138,7 @@ class MigRollout(Rollout):
         if done and not (s.cordoned_by_us or s.paused_labels):
             self._end(host, SKIPPED, f"{layout} already applied")
             return False
-        if s.was_cordoned is None:
-            self.state.update(host, was_cordoned=info.unschedulable)
-        self._step(host, CORDONING)
-        try:
-            kube.cordon(info.name)
-        except StepFailed as exc:
-            self._check()
-            self._release(host, info.name, "cordon", exc.reason)
-            return False
-        self.state.update(host, cordoned_by_us=not s.was_cordoned)
-        self._check()
-        self._step(host, DRAINING)
-        try:
-            kube.evict_gpu_pods(info.name, self.opt.drain_timeout)
-        except StepFailed as exc:
-            self._check()
-            self._release(host, info.name, "GPU pod eviction", exc.reason)
+        if not self._cordon_and_drain(host, info.name, info.unschedulable):  # opt.drain False: GPU pods only
             return False
         if not s.paused_labels:
             # The operand labels as they are now: what a failed MIG manager run must leave them as.

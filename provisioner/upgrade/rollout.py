@@ -368,27 +368,7 @@ class Rollout:
             self._end(host, FAILED, f"node {info.name} {stranger}: not cordoned, drained or upgraded")
             return False
         self.state.update(host, node=info.name)
-        if s.was_cordoned is None:
-            self.state.update(host, was_cordoned=info.unschedulable)
-        self._step(host, CORDONING)
-        try:
-            kube.cordon(info.name)
-        except StepFailed as exc:
-            self._check()
-            self._release(host, info.name, "cordon", exc.reason)
-            return False
-        self.state.update(host, cordoned_by_us=not s.was_cordoned)
-        self._check()
-        self._step(host, DRAINING)
-        try:
-            if self.opt.drain:
-                kube.drain(info.name, self.opt.drain_timeout)
-            else:
-                kube.evict_gpu_pods(info.name, self.opt.drain_timeout)
-        except StepFailed as exc:
-            if self.interrupted.is_set():
-                raise _Interrupted() from None
-            self._release(host, info.name, "drain" if self.opt.drain else "GPU pod eviction", exc.reason)
+        if not self._cordon_and_drain(host, info.name, info.unschedulable):
             return False
         self._check()
         self._step(host, STOPPING)
@@ -408,6 +388,36 @@ class Rollout:
                 self._step(host, UNCORDONING)
                 self._release(host, info.name, "stopping the GPU Operator's operands", exc.reason)
                 return False
+        return True
+
+    def _cordon_and_drain(self, host: str, node: str, unschedulable: bool) -> bool:
+        """Cordon (remembering whether someone else had), then drain or evict the GPU pods only. False: the
+        host failed and the node is back as it was."""
+        s = self.state.hosts[host]
+        kube = self.fleet.kube
+        assert kube is not None
+        if s.was_cordoned is None:
+            self.state.update(host, was_cordoned=unschedulable)
+        self._step(host, CORDONING)
+        try:
+            kube.cordon(node)
+        except StepFailed as exc:
+            self._check()
+            self._release(host, node, "cordon", exc.reason)
+            return False
+        self.state.update(host, cordoned_by_us=not s.was_cordoned)
+        self._check()
+        self._step(host, DRAINING)
+        try:
+            if self.opt.drain:
+                kube.drain(node, self.opt.drain_timeout)
+            else:
+                kube.evict_gpu_pods(node, self.opt.drain_timeout)
+        except StepFailed as exc:
+            if self.interrupted.is_set():
+                raise _Interrupted() from None
+            self._release(host, node, "drain" if self.opt.drain else "GPU pod eviction", exc.reason)
+            return False
         return True
 
     def _release(self, host: str, node: str, what: str, why: str) -> None:

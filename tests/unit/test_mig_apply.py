@@ -341,7 +341,9 @@ def test_no_control_plane_refused(env: Path) -> None:
 
 def test_bad_layout_name_names_host_and_key(env: Path) -> None:
     env.write_text(INVENTORY.replace("all-1g.18gb}", "'all 1g;rm -rf'}"))
-    with pytest.raises(InputError, match=r"host gpu1: gpuprov_mig_config must be a MIG layout name"):
+    with pytest.raises(
+        InputError, match=r"gpuprov_mig_config: .* is no Kubernetes label value .*\(host gpu1\)"
+    ):
         apply(env, FakeCluster())
 
 
