@@ -97,8 +97,10 @@ class Day2:
         doc.update(values)
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
-    def verify(self, checks: str) -> tuple[int, dict[str, dict[str, Any]]]:
-        rc, out, err = self.run("verify", "-i", str(self.inventory), "--format", "json", "--checks", checks)
+    def verify(self, checks: str, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
+        rc, out, err = self.run(
+            "verify", "-i", str(self.inventory), "--format", "json", "--checks", checks, *extra
+        )
         assert rc in (0, 1), err
         return rc, {h["host"]: h for h in json.loads(out)["hosts"]}
 
@@ -311,17 +313,25 @@ def test_exporter_check_passes_then_fails_while_the_exporter_is_off(day2: Day2) 
     rc, hosts = day2.verify("monitoring.dcgm_exporter")
     for host in ("gpu1", "gpu2", "gpu3"):
         assert statuses(hosts[host], "monitoring.dcgm_exporter") == ["pass"], hosts[host]
-    # The GPU Operator's switch for one operand on one node: its pod leaves.
+    # A policy that wants every GPU node monitored, as a site's would.
+    policy = day2.inventory.parent / "monitored.yml"
+    policy.write_text("groups:\n  gpu_nodes:\n    monitoring.dcgm_exporter: true\n")
+    # The GPU Operator's switch for one operand on one node: its exporter pod leaves.
     day2.kubectl("label node gpu3 --overwrite nvidia.com/gpu.deploy.dcgm-exporter=false")
     try:
         deadline = time.monotonic() + 120
         while True:
-            rc, hosts = day2.verify("monitoring.dcgm_exporter")
+            rc, hosts = day2.verify("monitoring.dcgm_exporter", "--policy", str(policy))
             if statuses(hosts["gpu3"], "monitoring.dcgm_exporter") == ["fail"]:
                 break
             assert time.monotonic() < deadline, hosts["gpu3"]
             time.sleep(3)
         assert rc == 1
+        detail = next(c["detail"] for c in hosts["gpu3"]["checks"] if c["id"] == "monitoring.dcgm_exporter")
+        assert "no DCGM exporter pod" in detail or "exporter" in detail, detail
         assert statuses(hosts["gpu1"], "monitoring.dcgm_exporter") == ["pass"]
+        # Without a declaration, a node whose exporter the operator was told to leave off is not judged.
+        _rc, hosts = day2.verify("monitoring.dcgm_exporter")
+        assert statuses(hosts["gpu3"], "monitoring.dcgm_exporter") == ["skip"], hosts["gpu3"]
     finally:
         day2.kubectl("label node gpu3 --overwrite nvidia.com/gpu.deploy.dcgm-exporter=true")
