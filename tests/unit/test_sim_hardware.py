@@ -321,3 +321,25 @@ def test_build_fails_like_dkms_under_install_fail_and_without_headers(tmp_path: 
     res = host.build_modules(headers=False)
     assert res.returncode != 0
     assert f"/lib/modules/{KERNEL}/build: No such file or directory" in res.stderr
+
+
+def test_tops_query_is_answered_by_nvidia_smi_itself(h100: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpuprov top`'s fields are read by NVIDIA's nvidia-smi over the mock NVML; a query with a field the
+    simulation decides (uncorrectable ECC, here under a fault) stays with the front end."""
+    from provisioner.top import QUERY_FIELDS
+
+    real: list[list[str]] = []
+    run_real = sim_host.smi.run_real
+
+    def spy(host: object, argv: list[str], amend: object = None) -> int:
+        real.append(list(argv))
+        return run_real(host, argv, amend)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sim_host.smi, "run_real", spy)
+    rc, out = h100.smi(f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits")
+    assert rc == 0 and len(out.splitlines()) == 8, out
+    assert len(real) == 1
+    h100.set_faults([{"kind": "ecc", "gpu": 3}])
+    rc, out = h100.smi("--query-gpu=index,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader")
+    assert rc == 0 and out.splitlines()[3] != "3, 0", out
+    assert len(real) == 1

@@ -4,7 +4,9 @@ The GPU list (-L) and the summary table come from NVIDIA's real nvidia-smi (Debi
 reading NVIDIA's mock NVML (:func:`run_real`). This front end is SIMULATED where the real binary cannot
 answer: the driver states that belong to the (simulated) kernel module, ``-q``/``-q -x`` (the real binary
 crashes on the mock), ``--version`` (the binary's own branch is not the simulated driver's),
-``--query-gpu`` (the simulated faults are not in the mock), ``-pm``, and MIG (mig.py: ``-mig 0|1``,
+``--query-gpu`` with a field the simulation decides (ECC, remapped rows, PCIe link, MIG mode, persistence:
+the simulated faults and states are not in the mock; a query of only REAL_QUERY_FIELDS, such as
+`gpuprov top`'s, is the real binary's), ``-pm``, and MIG (mig.py: ``-mig 0|1``,
 ``-r``, the ``nvidia-smi mig`` subcommand; the MIG Mode of ``-q``/``-q -x`` and ``--query-gpu=mig.mode.*``).
 The mock NVML has no MIG devices, so once GPU instances with compute instances exist this front end adds their
 lines ("  MIG 1g.18gb     Device  0: (UUID: MIG-...)") to the real binary's ``-L`` under their GPU.
@@ -53,6 +55,16 @@ ECC_FAULT_COUNT = 2
 # and GPUs to list (the kernel module is simulated, so those answers are this module's).
 REAL_SMI = "/usr/lib/nvidia/current/nvidia-smi"
 REAL_MODES = ("list", "table")
+# --query-gpu fields NVIDIA's nvidia-smi answers from the mock NVML and that no simulated fault or state
+# of this front end changes (checked by running the real binary on the mock: these are `gpuprov top`'s
+# fields). A query of only these goes to the real binary; one with any other field (ECC, remapped rows,
+# PCIe link, MIG mode, persistence, driver version: what the simulation decides) stays here.
+REAL_QUERY_FIELDS = frozenset(
+    {
+        "index", "uuid", "name", "pci.bus_id", "utilization.gpu", "utilization.memory", "memory.used",
+        "memory.total", "temperature.gpu", "power.draw", "power.limit", "clocks_event_reasons.active",
+    }
+)  # fmt: skip
 # -mig / --multi-instance-gpu values ("0/DISABLED, 1/ENABLED" in nvidia-smi -h).
 MIG_MODES = {"0": False, "DISABLED": False, "1": True, "ENABLED": True}
 
@@ -797,7 +809,7 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
         chosen = select(gpus, ids)
         if mode == "list":
             return run_real(host, argv, lambda text: mig.list_with_mig_devices(text, host.state(), gpus))
-        if mode in REAL_MODES:
+        if mode in REAL_MODES or (mode == "query" and fields and set(fields) <= REAL_QUERY_FIELDS):
             return run_real(host, argv)
         if mode == "q":
             text = (xml_text if xml else q_text)(host, st, chosen, version, cuda)
