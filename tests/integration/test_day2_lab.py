@@ -247,7 +247,6 @@ def test_time_slicing_multiplies_allocatable_and_the_next_pod_pends(day2: Day2) 
             "metadata": {"name": f"shared-{i}", "namespace": "day2-ts"},
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "gpu3"},
-                "restartPolicy": "Never",
                 "containers": [
                     {"name": "cuda", "image": "nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04",
                      "command": ["sleep", "3600"], "resources": {"limits": {"nvidia.com/gpu": 1}}}
