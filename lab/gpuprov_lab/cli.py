@@ -105,11 +105,20 @@ def lab_status(
 
 
 @app.command("inventory")
-def lab_inventory(lab: LabOpt = "default") -> int:
+def lab_inventory(
+    lab: LabOpt = "default",
+    standalone_gpus: Annotated[
+        bool,
+        typer.Option(
+            "--standalone-gpus",
+            help="GPU hosts never join Kubernetes: they go in gpu_nodes alone, not in k8s_cluster.",
+        ),
+    ] = False,
+) -> int:
     """Write the lab's Ansible inventory; its path is the last line printed."""
     from gpuprov_lab import inventory, state
 
-    typer.echo(str(inventory.write(state.require(lab))))
+    typer.echo(str(inventory.write(state.require(lab), kubernetes=not standalone_gpus)))
     return 0
 
 

@@ -14,7 +14,9 @@ from gpuprov_lab.mirror import KEY_NAME
 from gpuprov_lab.state import LabState
 
 
-def document(st: LabState) -> dict[str, Any]:
+def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
+    """The inventory; with ``kubernetes=False`` the GPU hosts are servers that never join Kubernetes
+    (in ``gpu_nodes`` alone, docs/contracts.md), as a site with standalone GPU hosts writes it."""
     lp = st.paths
     key = keys.ensure_archive_key()
 
@@ -53,7 +55,9 @@ def document(st: LabState) -> dict[str, Any]:
             "children": {
                 "kube_control_plane": {"hosts": {n: host_vars(n) for n in cps}},
                 "gpu_nodes": {"hosts": {n: host_vars(n) for n in gpus}},
-                "k8s_cluster": {"children": {"kube_control_plane": {}, "gpu_nodes": {}}},
+                "k8s_cluster": {
+                    "children": {"kube_control_plane": {}, **({"gpu_nodes": {}} if kubernetes else {})}
+                },
             },
         }
     }
@@ -79,16 +83,20 @@ def _mig_manager_checksum(st: LabState) -> dict[str, str]:
     return {"nvidia_mig_manager_deb_sha256": hashlib.sha256(served[0].read_bytes()).hexdigest()}
 
 
-def write(st: LabState) -> Path:
+def write(st: LabState, *, kubernetes: bool = True) -> Path:
     path = st.paths.inventory
     header = (
         f"# gpuprov lab {st.name!r}: written by `gpuprov lab inventory`/`lab up`; hosts are simulated.\n"
         f"# Control plane: {', '.join(h.name for h in st.hosts if h.name == plan.CONTROL_PLANE) or '-'}\n"
+        + ("" if kubernetes else "# GPU hosts outside Kubernetes (lab inventory --standalone-gpus).\n")
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
-        header + yaml.safe_dump(document(st), sort_keys=False, default_flow_style=False, width=1000)
+        header
+        + yaml.safe_dump(
+            document(st, kubernetes=kubernetes), sort_keys=False, default_flow_style=False, width=1000
+        )
     )
     tmp.replace(path)
     return path

@@ -59,6 +59,17 @@ def test_debian_13_hosts_get_the_settings_nvidias_debian13_repository_needs(tmp_
     assert gpus["gpu3"]["lab_os"] == "trixie-containerd2"
 
 
+def test_standalone_gpu_hosts_stay_out_of_the_kubernetes_groups() -> None:
+    st = LabState(name="t", subnet=str(NET), gateway="10.213.9.1", mirror_port=8080)
+    st.hosts = plan.plan(3, NET, None, {})
+    joined = inventory.document(st)["all"]["children"]
+    assert joined["k8s_cluster"]["children"] == {"kube_control_plane": {}, "gpu_nodes": {}}
+    alone = inventory.document(st, kubernetes=False)["all"]["children"]
+    assert alone["k8s_cluster"]["children"] == {"kube_control_plane": {}}
+    assert sorted(alone["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2"]
+    assert sorted(alone["kube_control_plane"]["hosts"]) == ["cp1"]
+
+
 def test_the_lab_refuses_a_machine_with_a_real_nvidia_driver(tmp_path: Path) -> None:
     marker = tmp_path / "nvidia"
     fleet.refuse_real_nvidia_driver(marker)  # absent: fine
