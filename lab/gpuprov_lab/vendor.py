@@ -79,6 +79,16 @@ def containerd(generation: str) -> Path:
     return debian.unpacked(suite, "containerd").path("usr/bin/containerd")
 
 
+# Debian's Prometheus (main): its promtool checks and unit-tests the alert rules the gpu_operator role
+# renders, with Prometheus' own rule parser and PromQL engine.
+PROMETHEUS_SUITE = "bookworm"
+
+
+def promtool() -> Path:
+    """The real promtool, from Debian's prometheus package."""
+    return debian.unpacked(PROMETHEUS_SUITE, "prometheus").path("usr/bin/promtool")
+
+
 # Debian's build of NVIDIA's nvidia-smi (non-free; the 550 branch in trixie). Debian installs it here
 # and points /usr/bin/nvidia-smi at it.
 NVIDIA_SMI_SUITE = "trixie"
