@@ -262,10 +262,11 @@ def test_a_branch_switch_replaces_the_fabric_manager_and_keeps_the_mig_layout(fl
     row = by_host(summary)[host]
     assert row["result"] == "upgraded" and (row["from"], row["to"]) == (OLD_DEBIAN12, NEW_DEBIAN12), row
     assert fleet.loaded(host) == NEW_DEBIAN12
-    assert "all-1g.10gb: waiting for the MIG manager to apply it again" in stderr, stderr[-3000:]
+    # Read as soon as the rollout returned: the node was uncordoned only once the layout was back.
     assert mig_1g_devices(fleet, host) == 8 * 7
     labels = fleet.node(host)["metadata"]["labels"]
     assert labels.get("nvidia.com/mig.config.state") == "success", labels
+    assert "all-1g.10gb: waiting for the MIG manager to apply it again" in stderr, stderr[-3000:]
     assert fleet.schedulable(host)
     fields = "${Package} ${Version} ${db:Status-Abbrev}\\n"
     query = f"dpkg-query -W -f='{fields}' 'nvidia-fabricmanager*' 'libnvidia-nscq*'"
