@@ -187,6 +187,7 @@ def test_faults_reach_sysfs_xml_and_the_kernel_log(h100: SimHost) -> None:
     assert (switch / "class").read_text() == "0x068000\n"
     # Bare-metal GPUs can be reset (NVIDIA's MIG service looks for this file), write-only.
     assert (dev / "reset").stat().st_mode & 0o777 == 0o200 and not (switch / "reset").exists()
+    assert (dev / "reset_method").read_text() == "flr\n"  # as a real H200 shows it
     h100.set_faults([{"kind": "pcie", "gpu": 3}, {"kind": "xid", "gpu": 2, "xid": 48}])
     log = probes.parse_nvidia_smi_xml(h100.smi("-q", "-x")[1])
     assert (log.gpus[3].link_gen_current, log.gpus[3].link_width_current) == (3, 8)

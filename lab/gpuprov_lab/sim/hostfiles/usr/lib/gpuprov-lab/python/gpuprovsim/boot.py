@@ -190,11 +190,13 @@ def write_pci(host: core.Host, root: Path) -> None:
             core.write_text(d / name, text if text.endswith("\n") else text + "\n", 0o444)
         (d / "config").write_bytes(config_space(dev))
         if dev["kind"] == "gpu":
-            # Write-only; the kernel shows it for a device with a reset method (Linux
-            # Documentation/ABI/testing/sysfs-bus-pci, "reset"), as bare-metal GPUs have. NVIDIA's MIG
-            # service reboots the host when a GPU lacks it (mig-parted deployments/systemd/utils.sh,
-            # assert_gpu_reset_available: "e.g. GPU passthrough virtualization"). Nothing reads a write.
+            # The kernel shows "reset" (write-only) for a device with a reset method and lists the
+            # methods in "reset_method" (Linux Documentation/ABI/testing/sysfs-bus-pci); a real H200
+            # shows both, with function-level reset ("flr"). NVIDIA's MIG service reboots the host when
+            # a GPU lacks "reset" (mig-parted deployments/systemd/utils.sh, assert_gpu_reset_available:
+            # "e.g. GPU passthrough virtualization"). Nothing reads a write here.
             core.write_text(d / "reset", "", 0o200)
+            core.write_text(d / "reset_method", "flr\n", 0o644)
         pci_id = f"{int(dev['vendor_id'], 16):04X}:{int(dev['device_id'], 16):04X}"
         sub = f"{int(dev['subsystem_vendor_id'], 16):04X}:{int(dev['subsystem_device_id'], 16):04X}"
         core.write_text(
