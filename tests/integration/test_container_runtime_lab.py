@@ -1,7 +1,7 @@
 """After bootstrap, on every GPU host of the session lab (one per containerd generation: Debian 12's 1.6,
 Debian 13's 1.7, sid's 2.x): what the real components say.
 
-- the real nvidia-ctk 1.18.0 (built from NVIDIA's source) is what the toolkit packages installed;
+- the real nvidia-ctk 1.20.0 (built from NVIDIA's source) is what the toolkit packages installed;
 - the real `containerd config dump` (config.toml with its imports, merged as containerd merges them)
   has the nvidia runtime and the default runtime the role chose for the fleet; CDI is on where
   containerd has it;
@@ -45,8 +45,8 @@ def test_the_real_toolkit_is_installed(bootstrapped: Any) -> None:
     for host in _gpu_hosts(lab):
         res = lab.ssh(host, "nvidia-ctk --version; nvidia-container-runtime --version")
         assert res.returncode == 0, (host, res.stderr)
-        assert "NVIDIA Container Toolkit CLI version 1.18.0" in res.stdout, res.stdout
-        assert "commit: f8daa5e26de9fd7eb79259040b6dd5a52060048c" in res.stdout, res.stdout
+        assert "NVIDIA Container Toolkit CLI version 1.20.0" in res.stdout, res.stdout
+        assert "commit: 5505e2f94d9aaa08561490db974ba3cd676af209" in res.stdout, res.stdout
 
 
 def test_containerd_uses_the_nvidia_runtime_and_the_fleets_default(bootstrapped: Any) -> None:

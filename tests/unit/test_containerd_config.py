@@ -2,7 +2,7 @@
 
 The inputs are the files the real packages write (tests/fixtures/containerd/); the tests marked ``real``
 also hand every result to the real containerd of each generation (Debian's 1.6, 1.7 and 2.x, fetched
-once into the cache) and compare the nvidia runtime with what the real nvidia-ctk 1.18.0 writes.
+once into the cache) and compare the nvidia runtime with what the real nvidia-ctk 1.20.0 writes.
 """
 
 from __future__ import annotations
@@ -272,8 +272,10 @@ def test_nvidia_runtime_matches_what_the_real_nvidia_ctk_writes(generation: str,
     assert got == want
 
 
-def test_real_nvidia_ctk_with_an_empty_drop_in_flag_fails(tmp_path: Path) -> None:
-    """What the role ran before: `--drop-in-config=` (empty, one argument) makes 1.18.0 exit 1."""
+def test_real_nvidia_ctk_with_an_empty_drop_in_flag_writes_the_runtime_nowhere(tmp_path: Path) -> None:
+    """Why the role does not run nvidia-ctk for containerd with `--drop-in-config=` (empty, one
+    argument): 1.20.0 exits 0, points config.toml's imports at its own directory, and writes the nvidia
+    runtime into no file at all."""
     from gpuprov_lab import vendor
 
     config = tmp_path / "config.toml"
@@ -290,8 +292,12 @@ def test_real_nvidia_ctk_with_an_empty_drop_in_flag_fails(tmp_path: Path) -> Non
         capture_output=True,
         text=True,
     )
-    assert res.returncode != 0
-    assert "flag needs an argument" in res.stderr
+    assert res.returncode == 0, res.stderr
+    written = tomllib.loads(config.read_text())
+    assert written["imports"] == [f"{tmp_path}/*.toml"]
+    runtimes = written["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    assert "nvidia" not in runtimes
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
     # The role never runs nvidia-ctk for containerd any more.
     tasks = (ROOT / "roles" / "nvidia_container_toolkit" / "tasks" / "containerd.yml").read_text()
     assert "nvidia-ctk" not in tasks.split("\n- name:", 1)[1]

@@ -1,4 +1,4 @@
-"""The chart values the gpu_operator role sets, against the real GPU Operator v25.10.0 chart.
+"""The chart values the gpu_operator role sets, against the real GPU Operator v26.7.0 chart.
 
 The role's value expression (roles/gpu_operator/tasks/values.yml) is rendered with Ansible's own
 templar for each way a fleet can be set up; every key it sets must exist in the real chart's
@@ -134,7 +134,7 @@ def test_every_key_the_role_sets_is_in_the_real_chart(
     assert values["cdi"]["enabled"] is cdi
     assert values["toolkit"]["enabled"] is (not host_toolkit)
     unknown = [p for p in leaves(values) if not chart_has(chart_values, p) and not chart_reads(p)]
-    assert not unknown, f"the role sets values the v25.10.0 chart does not have: {unknown}"
+    assert not unknown, f"the role sets values the v26.7.0 chart does not have: {unknown}"
 
 
 def test_the_sample_inventory_values_are_in_the_real_chart(chart_values: dict[str, Any]) -> None:
@@ -173,10 +173,10 @@ def test_real_helm_renders_the_cluster_policy_the_role_means(
     assert policy["spec"]["cdi"]["enabled"] is cdi
     assert policy["spec"]["toolkit"]["enabled"] is (not host_toolkit)
     assert policy["spec"]["driver"]["enabled"] is False
-    # The operator image is the release's (the chart was packaged as v25.10.0).
+    # The operator image is the release's (the chart was packaged as v26.7.0).
     (operator,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-operator"]
     images = [c["image"] for c in operator["spec"]["template"]["spec"]["containers"]]
-    assert images == ["nvcr.io/nvidia/gpu-operator:v25.10.0"]
+    assert images == ["nvcr.io/nvidia/gpu-operator:v26.7.0"]
     # CRDs are applied by the role, so the chart's pre-upgrade CRD job is off.
     hooks = [d["metadata"]["name"] for d in docs if d["kind"] == "Job"]
     assert not any("upgrade-crd" in h for h in hooks), hooks

@@ -30,7 +30,7 @@ class Api:
                 "containers": [
                     {
                         "name": "kube-apiserver",
-                        "image": "registry.k8s.io/kube-apiserver:v1.33.5",
+                        "image": "registry.k8s.io/kube-apiserver:v1.36.3",
                         "command": ["kube-apiserver", f"--enable-admission-plugins={enable}"],
                     }
                 ]

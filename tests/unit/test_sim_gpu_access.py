@@ -1,5 +1,5 @@
 """The lab kubelet's answer to "does this container get its GPU?" (lab/gpuprov_lab/sim/kube_gpu.py), from
-real inputs: the device plugin's CDI spec as the real nvidia-ctk 1.18.0 writes it against NVIDIA's mock
+real inputs: the device plugin's CDI spec as the real nvidia-ctk 1.20.0 writes it against NVIDIA's mock
 NVML (vendor k8s.device-plugin.nvidia.com, devices by UUID, as the plugin's own nvcdi library names them),
 and containerd configurations of each generation as the containerd_config role writes them."""
 

@@ -213,7 +213,7 @@ def test_node_json_has_the_real_shape(cluster: Cluster) -> None:
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("True", "KubeletReady")
     assert node["status"]["capacity"]["pods"] == "110"
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.33.5"
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.36.3"
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
     assert node["spec"]["podCIDR"] == "10.244.1.0/24"
     assert not node["spec"].get("unschedulable")
@@ -223,8 +223,8 @@ def test_node_json_has_the_real_shape(cluster: Cluster) -> None:
     ]
     rc, out, _ = cluster.kubectl("get", "nodes")
     assert rc == 0
-    assert re.search(r"^cp1\s+Ready\s+control-plane\s+\S+\s+v1\.33\.5$", out, re.M)
-    assert re.search(r"^gpu1\s+Ready\s+<none>\s+\S+\s+v1\.33\.5$", out, re.M)
+    assert re.search(r"^cp1\s+Ready\s+control-plane\s+\S+\s+v1\.36\.3$", out, re.M)
+    assert re.search(r"^gpu1\s+Ready\s+<none>\s+\S+\s+v1\.36\.3$", out, re.M)
     rc, out, _ = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
     assert out == "cp1 gpu1"
 
@@ -407,14 +407,14 @@ def test_helm_release_revisions(cluster: Cluster) -> None:
     assert h("repo", "add", "nvidia", repo)[1] == '"nvidia" has been added to your repositories\n'
     assert "already exists with the same configuration, skipping" in h("repo", "add", "nvidia", repo)[1]
     rc, out, _ = h("search", "repo", "nvidia/gpu-operator", "-o", "json")
-    assert rc == 0 and json.loads(out)[0]["version"] == "v25.10.0"
+    assert rc == 0 and json.loads(out)[0]["version"] == "v26.7.0"
     # `helm show crds` is the real helm's: the chart's CRDs and its subcharts' (the role applies them).
-    rc, out, err = h("show", "crds", "nvidia/gpu-operator", "--version", "v25.10.0")
+    rc, out, err = h("show", "crds", "nvidia/gpu-operator", "--version", "v26.7.0")
     names = {d["metadata"]["name"] for d in yaml.safe_load_all(out) if d}
     assert rc == 0 and {"clusterpolicies.nvidia.com", "nodefeaturerules.nfd.k8s-sigs.io"} <= names, err
     values = {"nfd": {"enabled": False}, "driver": {"enabled": False}}
     cluster.cp.write("/root/v.yaml", yaml.safe_dump(values))
-    args = ["nvidia/gpu-operator", "--version", "v25.10.0", "-n", "rev-test", "-f", "/root/v.yaml"]
+    args = ["nvidia/gpu-operator", "--version", "v26.7.0", "-n", "rev-test", "-f", "/root/v.yaml"]
     rc, _out, err = h("upgrade", "--install", "rel", *args)
     assert rc == 1 and 'namespaces "rev-test" not found' in err
     rc, out, err = h("upgrade", "--install", "rel", *args, "--create-namespace")
@@ -435,8 +435,8 @@ def test_helm_release_revisions(cluster: Cluster) -> None:
     assert (rel["revision"], rel["status"], rel["chart"], rel["app_version"]) == (
         "2",
         "deployed",
-        "gpu-operator-v25.10.0",
-        "v25.10.0",
+        "gpu-operator-v26.7.0",
+        "v26.7.0",
     )
     assert json.loads(h("get", "values", "rel", "-n", "rev-test", "-o", "json")[1]) == values
     secrets = {
@@ -516,7 +516,7 @@ def test_gpu_operator_validates_against_the_host(cluster: Cluster) -> None:
         "--repo",
         cluster.mirror_url + "/helm-charts/nvidia",
         "--version",
-        "v25.10.0",
+        "v26.7.0",
         "--namespace",
         "gpu-operator",
         "--values",
@@ -631,7 +631,7 @@ def test_an_upgrade_from_an_older_chart_gets_the_new_crds_only_when_applied(
     assert rc == 0, err
     assert not _crd_has_cdi(cluster)
     repo = cluster.mirror_url + "/helm-charts/nvidia"
-    new = ["gpu-operator", "--repo", repo, "--version", "v25.10.0"]
+    new = ["gpu-operator", "--repo", repo, "--version", "v26.7.0"]
     rc, out, err = h("upgrade", "up", *new, *ns)
     assert rc == 0 and "REVISION: 2" in out, err
     assert not _crd_has_cdi(cluster), "helm upgraded a CRD: real helm never does"

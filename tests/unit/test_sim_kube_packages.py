@@ -18,17 +18,12 @@ import yaml
 from gpuprov_lab.sim import catalog, debs, kube, kube_helm
 
 EXPECTED = {
-    ("kubelet", "1.33.5-1.1", "k8s-1.33"),
-    ("kubeadm", "1.33.5-1.1", "k8s-1.33"),
-    ("kubectl", "1.33.5-1.1", "k8s-1.33"),
-    ("kubernetes-cni", "1.7.1-1.1", "k8s-1.33"),
-    ("cri-tools", "1.33.0-1.1", "k8s-1.33"),
-    ("kubelet", "1.34.1-1.1", "k8s-1.34"),
-    ("kubeadm", "1.34.1-1.1", "k8s-1.34"),
-    ("kubectl", "1.34.1-1.1", "k8s-1.34"),
-    ("kubernetes-cni", "1.7.1-1.1", "k8s-1.34"),
-    ("cri-tools", "1.34.0-1.1", "k8s-1.34"),
-    ("helm", "3.19.0-1", "helm"),
+    ("kubelet", "1.36.3-1.1", "k8s-1.36"),
+    ("kubeadm", "1.36.3-1.1", "k8s-1.36"),
+    ("kubectl", "1.36.3-1.1", "k8s-1.36"),
+    ("kubernetes-cni", "1.9.1-1.1", "k8s-1.36"),
+    ("cri-tools", "1.36.0-1.1", "k8s-1.36"),
+    ("helm", "4.2.3-1", "helm"),
 }
 
 
@@ -61,9 +56,9 @@ def _files(deb: Path) -> set[str]:
 
 
 def test_kubelet_deb_fields_and_files(built: dict[tuple[str, str], Path]) -> None:
-    deb = built[("kubelet", "k8s-1.33")]
+    deb = built[("kubelet", "k8s-1.36")]
     assert _field(deb, "Package") == "kubelet"
-    assert _field(deb, "Version") == "1.33.5-1.1"
+    assert _field(deb, "Version") == "1.36.3-1.1"
     depends = _field(deb, "Depends")
     for dep in ("kubernetes-cni (>= 1.2.0)", "mount", "util-linux"):
         assert dep in depends
@@ -86,8 +81,8 @@ def test_kubelet_deb_fields_and_files(built: dict[tuple[str, str], Path]) -> Non
 
 
 def test_kubeadm_ships_the_drop_in_that_reads_kubeadm_flags(built: dict[tuple[str, str], Path]) -> None:
-    deb = built[("kubeadm", "k8s-1.34")]
-    assert _field(deb, "Version") == "1.34.1-1.1"
+    deb = built[("kubeadm", "k8s-1.36")]
+    assert _field(deb, "Version") == "1.36.3-1.1"
     raw = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         fh = tar.extractfile("./usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf")
@@ -103,7 +98,7 @@ def test_kubeadm_ships_the_drop_in_that_reads_kubeadm_flags(built: dict[tuple[st
 
 
 def test_cni_package_has_the_plugins_and_no_flannel(built: dict[tuple[str, str], Path]) -> None:
-    files = _files(built[("kubernetes-cni", "k8s-1.33")])
+    files = _files(built[("kubernetes-cni", "k8s-1.36")])
     for plugin in ("bridge", "host-local", "loopback", "portmap"):
         assert f"/opt/cni/bin/{plugin}" in files
     assert "/opt/cni/bin/flannel" not in files  # flannel's own DaemonSet installs it
@@ -142,22 +137,22 @@ def _run_entry(root: Path, prog: str, pkg: str, *args: str, env: dict[str, str] 
 def test_tools_run_from_their_package(built: dict[tuple[str, str], Path], tmp_path: Path) -> None:
     root = tmp_path / "root"
     for key in (
-        ("kubectl", "k8s-1.34"),
-        ("kubeadm", "k8s-1.33"),
-        ("kubelet", "k8s-1.34"),
+        ("kubectl", "k8s-1.36"),
+        ("kubeadm", "k8s-1.36"),
+        ("kubelet", "k8s-1.36"),
         ("helm", "helm"),
-        ("cri-tools", "k8s-1.33"),
+        ("cri-tools", "k8s-1.36"),
     ):
         _extract(built[key], root)
-    assert "Client Version: v1.34.1" in _run_entry(root, "/usr/bin/kubectl", "kubectl", "version", "--client")
-    assert _run_entry(root, "/usr/bin/kubeadm", "kubeadm", "version", "-o", "short") == "v1.33.5\n"
-    assert _run_entry(root, "/usr/bin/kubelet", "kubelet", "--version") == "Kubernetes v1.34.1\n"
-    assert _run_entry(root, "/usr/bin/helm", "helm", "version", "--short").startswith("v3.19.0+g")
-    assert _run_entry(root, "/usr/bin/crictl", "cri-tools", "--version") == "crictl version v1.33.0\n"
+    assert "Client Version: v1.36.3" in _run_entry(root, "/usr/bin/kubectl", "kubectl", "version", "--client")
+    assert _run_entry(root, "/usr/bin/kubeadm", "kubeadm", "version", "-o", "short") == "v1.36.3\n"
+    assert _run_entry(root, "/usr/bin/kubelet", "kubelet", "--version") == "Kubernetes v1.36.3\n"
+    assert _run_entry(root, "/usr/bin/helm", "helm", "version", "--short").startswith("v4.2.3+g")
+    assert _run_entry(root, "/usr/bin/crictl", "cri-tools", "--version") == "crictl version v1.36.0\n"
 
 
 def test_cni_plugin_answers_a_version_probe(built: dict[tuple[str, str], Path], tmp_path: Path) -> None:
-    root = _extract(built[("kubernetes-cni", "k8s-1.33")], tmp_path / "root")
+    root = _extract(built[("kubernetes-cni", "k8s-1.36")], tmp_path / "root")
     res = subprocess.run(
         [str(root / "opt/cni/bin/bridge")],
         env={"CNI_COMMAND": "VERSION"},
@@ -187,11 +182,11 @@ def mirror_files() -> dict[str, bytes]:
 def test_chart_repository_index_points_at_the_chart(mirror_files: dict[str, bytes]) -> None:
     index = yaml.safe_load(mirror_files["helm-charts/nvidia/index.yaml"])
     entry = index["entries"]["gpu-operator"][0]
-    assert entry["version"] == "v25.10.0" and entry["appVersion"] == "v25.10.0"
+    assert entry["version"] == "v26.7.0" and entry["appVersion"] == "v26.7.0"
     tgz = mirror_files[f"helm-charts/nvidia/{entry['urls'][0]}"]
     assert entry["digest"] == hashlib.sha256(tgz).hexdigest()
     chart = kube_helm.load_chart_archive(tgz)
-    assert (chart.name, chart.version, chart.meta["appVersion"]) == ("gpu-operator", "v25.10.0", "v25.10.0")
+    assert (chart.name, chart.version, chart.meta["appVersion"]) == ("gpu-operator", "v26.7.0", "v26.7.0")
     for key in (
         "driver",
         "toolkit",
@@ -207,7 +202,7 @@ def test_chart_repository_index_points_at_the_chart(mirror_files: dict[str, byte
     ):
         assert key in chart.values, key
     assert chart.values["driver"]["enabled"] is True and chart.values["nfd"]["enabled"] is True
-    # v25.10.0 has no operator.defaultRuntime (older charts had); CDI is on by default.
+    # v26.7.0 has no operator.defaultRuntime (older charts had); CDI is on by default.
     assert "defaultRuntime" not in chart.values["operator"] and chart.values["cdi"]["enabled"] is True
     assert [s.name for s in chart.subcharts] == ["node-feature-discovery"]
     crds = {d["metadata"]["name"] for t in chart.crds.values() for d in yaml.safe_load_all(t) if d}
@@ -257,7 +252,7 @@ def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path, monkey
 
     class NoServer:
         def request(self, *a: object, **k: object) -> dict[str, str]:
-            return {"gitVersion": "v1.33.5"}
+            return {"gitVersion": "v1.36.3"}
 
     h._client = NoServer()  # type: ignore[assignment]
     _manifest, docs, _crds, _notes = kube_helm.render(
@@ -267,9 +262,9 @@ def test_chart_renders_the_values_into_the_cluster_policy(tmp_path: Path, monkey
     assert cp["spec"]["driver"]["enabled"] is False and cp["spec"]["toolkit"]["enabled"] is False
     assert cp["spec"]["devicePlugin"]["enabled"] is True
     assert cp["spec"]["cdi"]["enabled"] is False and "defaultRuntime" not in cp["spec"]["operator"]
-    assert cp["spec"]["validator"]["version"] == "v25.10.0"
+    assert cp["spec"]["validator"]["version"] == "v26.7.0"
     dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-operator")
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v25.10.0"
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v26.7.0"
     assert not any("node-feature-discovery" in d["metadata"]["name"] for d in docs)
     _m, docs_nfd, crds, _n = kube_helm.render(h, chart, {}, "gpu-operator", "gpu-operator", 1, True)
     assert "nodefeaturerules.nfd.k8s-sigs.io" in {d["metadata"]["name"] for d in crds}

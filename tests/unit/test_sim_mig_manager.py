@@ -1,5 +1,5 @@
 """The lab's MIG manager (lab/gpuprov_lab/sim/kube_mig.py) and the device plugin's advertised resources
-(kube_deviceplugin.py) in an in-process cluster: the real GPU Operator v25.10.0 chart and assets, an
+(kube_deviceplugin.py) in an in-process cluster: the real GPU Operator v26.7.0 chart and assets, an
 H200 node (1 GPU) and an H100 node (8 GPUs) whose nvidia-smi is kube_testing's MIG fake. The pure parts
 (config choice, resources, labels) are checked against the rules of NVIDIA's sources first."""
 
@@ -223,7 +223,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cp.write("/root/values.json", json.dumps(values))
         rc, _out, err = kt.Tool(cp).helm(
             "upgrade", "--install", "gpu-operator", "gpu-operator", "--repo", f"http://127.0.0.1:{srv.server_address[1]}/helm-charts/nvidia",
-            "--version", "v25.10.0", "--namespace", NS, "--values", "/root/values.json",
+            "--version", "v26.7.0", "--namespace", NS, "--values", "/root/values.json",
         )  # fmt: skip
         assert rc == 0, err
         for name in ("h200", "h100"):

@@ -1,5 +1,5 @@
 """The lab's GPU Operator (lab/gpuprov_lab/sim/kube_operator.py) derives its operands from NVIDIA's real
-v25.10.0 manifests and the real ClusterPolicy (the real chart rendered by the real helm with the values
+v26.7.0 manifests and the real ClusterPolicy (the real chart rendered by the real helm with the values
 the gpu_operator role sets), applying the transforms of the operator's object_controls.go."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _policy_spec(values: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
     class NoServer:
         def request(self, *a: object, **k: object) -> dict[str, str]:
-            return {"gitVersion": "v1.33.5"}
+            return {"gitVersion": "v1.36.3"}
 
     h._client = NoServer()  # type: ignore[assignment]
     _m, docs, _c, _n = kube_helm.render(h, chart, values, "gpu-operator", "gpu-operator", 1, True)
@@ -72,12 +72,12 @@ def test_the_device_plugin_hands_gpus_out_as_cdi_devices_when_cdi_is_on(cdi_spec
     # No devicePlugin.config.name: the config-manager containers go (handleDevicePluginConfig).
     assert names == ["nvidia-device-plugin", "toolkit-validation"]
     ctr = pod["containers"][0]
-    assert ctr["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+    assert ctr["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
     env = _env(ctr)
     assert env["DEVICE_LIST_STRATEGY"] == "cdi-annotations,cdi-cri"
     assert env["CDI_ANNOTATION_PREFIX"] == "cdi.k8s.io/"
     assert "NVIDIA_CDI_HOOK_PATH" not in env  # the toolkit is the host's: the plugin uses nvidia-ctk
-    assert pod["initContainers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v25.10.0"
+    assert pod["initContainers"][0]["image"] == "nvcr.io/nvidia/gpu-operator:v26.7.0"
 
 
 def test_the_device_plugin_keeps_envvar_when_cdi_is_off(envvar_spec: dict) -> None:

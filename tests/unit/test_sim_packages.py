@@ -42,10 +42,10 @@ CONTRACT = {
     ("datacenter-gpu-manager-4-core", "1:4.4.1-1"): "cuda-debian12",
     ("datacenter-gpu-manager-4-cuda13", "1:4.4.1-1"): "cuda-debian12",
     ("datacenter-gpu-manager-4-cuda12", "1:4.4.1-1"): "cuda-debian12",
-    ("nvidia-container-toolkit", "1.18.0-1"): "nct",
-    ("nvidia-container-toolkit-base", "1.18.0-1"): "nct",
-    ("libnvidia-container-tools", "1.18.0-1"): "nct",
-    ("libnvidia-container1", "1.18.0-1"): "nct",
+    ("nvidia-container-toolkit", "1.20.0-1"): "nct",
+    ("nvidia-container-toolkit-base", "1.20.0-1"): "nct",
+    ("libnvidia-container-tools", "1.20.0-1"): "nct",
+    ("libnvidia-container1", "1.20.0-1"): "nct",
     (f"linux-headers-{KERNEL}", nvidia.headers_package().version): "debian",
 }
 
@@ -108,9 +108,9 @@ def test_driver_relations() -> None:
     assert "nvidia-kernel-open-dkms (= 580.159.04-1) | nvidia-kernel-dkms (= 580.159.04-1)" in depends
     assert "nvidia-smi (= 580.159.04-1)" in depends and "libcuda1 (= 580.159.04-1)" in depends
     assert field(deb("nvidia-fabricmanager", v), "Conflicts") == "nvidia-fabricmanager-570"
-    # NVIDIA's own debian/control of 1.18.0.
-    assert field(deb("nvidia-container-toolkit", "1.18.0-1"), "Depends") == (
-        "nvidia-container-toolkit-base (= 1.18.0-1), libnvidia-container-tools (= 1.18.0-1), "
+    # NVIDIA's own debian/control of 1.20.0.
+    assert field(deb("nvidia-container-toolkit", "1.20.0-1"), "Depends") == (
+        "nvidia-container-toolkit-base (= 1.20.0-1), libnvidia-container-tools (= 1.20.0-1), "
         "libnvidia-container-tools (<< 2.0.0)"
     )
     assert field(deb("linux-headers-amd64", nvidia.headers_package().version), "Depends") == (
@@ -129,8 +129,8 @@ def test_files_sit_at_the_real_paths() -> None:
     assert "/usr/src/nvidia-580.159.04/dkms.conf" in contents(deb("nvidia-kernel-open-dkms", v))
     assert "/usr/local/cuda-13.0/bin/nvcc" in contents(deb("cuda-nvcc-13-0", "13.0.88-1"))
     assert "/usr/local/cuda-13.0/version.json" in contents(deb("cuda-toolkit-13-0", "13.0.2-1"))
-    assert "/usr/bin/nvidia-ctk" in contents(deb("nvidia-container-toolkit-base", "1.18.0-1"))
-    assert "/usr/bin/nvidia-container-runtime" in contents(deb("nvidia-container-toolkit-base", "1.18.0-1"))
+    assert "/usr/bin/nvidia-ctk" in contents(deb("nvidia-container-toolkit-base", "1.20.0-1"))
+    assert "/usr/bin/nvidia-container-runtime" in contents(deb("nvidia-container-toolkit-base", "1.20.0-1"))
     assert "/usr/bin/dcgmi" in contents(deb("datacenter-gpu-manager-4-core", "1:4.4.1-1"))
     assert f"/lib/modules/{KERNEL}/build" in contents(
         deb(f"linux-headers-{KERNEL}", nvidia.headers_package().version)

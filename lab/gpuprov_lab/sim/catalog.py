@@ -26,8 +26,7 @@ REPOS: dict[str, tuple[str, Any]] = {
     "cuda-debian12": ("cuda/repos/debian12/x86_64/", "flat"),
     "cuda-debian13": ("cuda/repos/debian13/x86_64/", "flat"),
     "nct": ("libnvidia-container/stable/deb/amd64/", "flat"),
-    "k8s-1.33": ("kubernetes/core:/stable:/v1.33/deb/", "flat"),
-    "k8s-1.34": ("kubernetes/core:/stable:/v1.34/deb/", "flat"),
+    "k8s-1.36": ("kubernetes/core:/stable:/v1.36/deb/", "flat"),
     "helm": ("helm-debian/any/", ("dists", "any", "main")),
 }
 

@@ -1,6 +1,6 @@
 """Part of the gpuprov lab simulation: the Kubernetes side. SIMULATED packages with the real names,
 versions and file paths of pkgs.k8s.io (kubeadm, kubelet, kubectl, kubernetes-cni, cri-tools for
-minors 1.33 and 1.34) and of the helm apt repository (helm), the NVIDIA helm chart repository
+minor 1.36) and of the helm apt repository (helm), the NVIDIA helm chart repository
 (gpu-operator chart) and the flannel manifest, for the lab mirror (docs/contracts.md).
 
 The tools are the Python modules ``kube_*.py`` next to this file, copied into each package under
@@ -26,11 +26,10 @@ RUNTIME = sorted(p.name for p in HERE.glob("kube_*.py") if p.name != "kube_testi
 SIM_DEPENDS = ["python3 (>= 3.11)", "python3-yaml", "openssl"]
 
 MINORS: dict[str, dict[str, str]] = {
-    "1.33": {"kube": "1.33.5-1.1", "cri-tools": "1.33.0-1.1", "cni": "1.7.1-1.1"},
-    "1.34": {"kube": "1.34.1-1.1", "cri-tools": "1.34.0-1.1", "cni": "1.7.1-1.1"},
+    "1.36": {"kube": "1.36.3-1.1", "cri-tools": "1.36.0-1.1", "cni": "1.9.1-1.1"},
 }
-HELM_VERSION = "3.19.0-1"
-CHART_VERSION = "v25.10.0"
+HELM_VERSION = "4.2.3-1"
+CHART_VERSION = "v26.7.0"
 FLANNEL_VERSION = "v0.27.4"
 HOMEPAGE = "https://kubernetes.io"
 

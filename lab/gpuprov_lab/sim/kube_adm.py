@@ -28,10 +28,10 @@ from .kube_client import Client, ClientError, KubeConfig, load_kubeconfig
 from .kube_host import CONTAINERD_SOCK, Host, containerd_config
 from .kube_store import ApiError, Obj, Resource
 
-VERSION = "v1.33.5"
+VERSION = "v1.36.3"
+# kubeadm v1.36's cmd/kubeadm/app/constants: DefaultEtcdVersion, CoreDNSVersion, PauseVersion.
 IMAGES = {
-    "1.33": {"etcd": "3.5.21-0", "coredns": "v1.12.0", "pause": "3.10"},
-    "1.34": {"etcd": "3.6.4-0", "coredns": "v1.12.1", "pause": "3.10.1"},
+    "1.36": {"etcd": "3.6.8-0", "coredns": "v1.14.2", "pause": "3.10.2"},
 }
 KUBEADM_API = ("kubeadm.k8s.io/v1beta4", "kubeadm.k8s.io/v1beta3")
 MANIFESTS = "/etc/kubernetes/manifests"
@@ -765,7 +765,7 @@ def _pod(
 
 def write_manifests(host: Host, cfg: Config, ip: str, node: str, o: Out) -> None:
     repo, v = cfg.image_repository, cfg.version
-    imgs = IMAGES.get(minor(v), IMAGES["1.33"])
+    imgs = IMAGES.get(minor(v), IMAGES["1.36"])
     certs = [("ca-certs", "/etc/ssl/certs", "/etc/ssl/certs"), ("k8s-certs", PKI, PKI)]
     etcd = _pod(
         "etcd",
@@ -894,7 +894,7 @@ def write_manifests(host: Host, cfg: Config, ip: str, node: str, o: Out) -> None
 
 
 def kubelet_flags(cfg: Config, hostname: str) -> str:
-    imgs = IMAGES.get(minor(cfg.version), IMAGES["1.33"])
+    imgs = IMAGES.get(minor(cfg.version), IMAGES["1.36"])
     args = {
         "container-runtime-endpoint": cfg.cri_socket,
         "pod-infra-container-image": f"{cfg.image_repository}/pause:{imgs['pause']}",
@@ -1425,7 +1425,7 @@ kubeadm join {endpoint} --token {withheld if "skip-token-print" in flags else pr
 
 
 def addons(api: Api, cfg: Config, server: str) -> None:
-    imgs = IMAGES.get(minor(cfg.version), IMAGES["1.33"])
+    imgs = IMAGES.get(minor(cfg.version), IMAGES["1.36"])
     repo = cfg.image_repository
     dns_ip = str(list(ipaddress.ip_network(cfg.service_subnet, strict=False).hosts())[9])
     meta_ns = {"namespace": "kube-system"}
@@ -1970,7 +1970,7 @@ def cmd_token(host: Host, pos: list[str], flags: dict[str, str], o: Out) -> int:
 
 def cmd_config(host: Host, pos: list[str], flags: dict[str, str], o: Out) -> int:
     version = _version(flags.get("kubernetes-version", VERSION)) or VERSION
-    imgs = IMAGES.get(minor(version), IMAGES["1.33"])
+    imgs = IMAGES.get(minor(version), IMAGES["1.36"])
     repo = flags.get("image-repository", "registry.k8s.io")
     images = [
         f"{repo}/{n}:{version}"

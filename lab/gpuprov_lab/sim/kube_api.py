@@ -70,7 +70,7 @@ def _image_tag(manifest: Obj | None) -> str:
 class Settings:
     """What the API server, controller manager, scheduler and etcd static pods say."""
 
-    version: str = "v1.33.5"
+    version: str = "v1.36.3"
     advertise: str = "127.0.0.1"
     port: int = 6443
     bind: str = "0.0.0.0"

@@ -147,7 +147,7 @@ class Client:
     def raw(
         self, method: str, path: str, body: bytes | None = None, ctype: str = "application/json"
     ) -> tuple[int, bytes]:
-        headers = {"Accept": "application/json", "User-Agent": "kubectl/v1.33.5 (linux/amd64) SIMULATED"}
+        headers = {"Accept": "application/json", "User-Agent": "kubectl/v1.36.3 (linux/amd64) SIMULATED"}
         if body is not None:
             headers["Content-Type"] = ctype
         if self.cfg.token:

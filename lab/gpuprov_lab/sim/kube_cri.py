@@ -28,7 +28,7 @@ def main(
     host: Host | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
-    version: str = "v1.33.0",
+    version: str = "v1.36.0",
 ) -> int:
     host = host or Host()
     out = out or sys.stdout

@@ -21,7 +21,7 @@ from .kube_client import Client, ClientError, load_kubeconfig, resource_ref
 from .kube_host import Host
 from .kube_store import ApiError, Obj, Resource
 
-VERSION = "v1.33.5"
+VERSION = "v1.36.3"
 KUSTOMIZE = "v5.6.0"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 

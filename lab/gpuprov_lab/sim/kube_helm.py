@@ -29,8 +29,8 @@ from .kube_client import Client, ClientError, load_kubeconfig
 from .kube_host import Host
 from .kube_store import ApiError, Obj, Resource
 
-VERSION = "v3.19.0"
-GIT_COMMIT = "3d8990f0836691f0229297773f3524598f46bda6"
+VERSION = "v4.2.3"
+GIT_COMMIT = "43e8b7feece8beb0fcba47059ec9b522fd929a64"
 KIND_ORDER = [
     "Namespace",
     "NetworkPolicy",
@@ -504,7 +504,7 @@ def cmd_version(h: Helm, pos: list[str]) -> int:
     else:
         h.p(
             f'version.BuildInfo{{Version:"{VERSION}", GitCommit:"{GIT_COMMIT}", GitTreeState:"clean", '
-            'GoVersion:"go1.24.7"}'
+            'GoVersion:"go1.26.5", KubeClientVersion:"v1.36"}'
         )
     return 0
 
@@ -726,8 +726,8 @@ def _condition(values: Obj, cond: str) -> bool | None:
 
 
 # The real helm (a helm v4 binary, from a PyPI package) that renders charts: the lab's helm package
-# carries it here; tests off-host name it in GPUPROV_LAB_REAL_HELM. The role installs helm 3.19 on real
-# hosts: `helm template` of one chart renders the same manifests in both.
+# carries it here; tests off-host name it in GPUPROV_LAB_REAL_HELM. The role installs the same helm release
+# (4.2.3) on real hosts.
 REAL_HELM = "/usr/lib/gpuprov-lab/kube/helm/real-helm"
 # The hook phases an install and an upgrade run (helm's pkg/release hook events); a hook of another
 # phase (delete, rollback, test) does not run then, so the lab's helm leaves it out.
@@ -777,7 +777,7 @@ def render(
     import os
     import tempfile
 
-    kv = "v1.33.5"
+    kv = "v1.36.3"
     with contextlib.suppress(ClientError, ApiError):
         kv = h.client.request("GET", "/version").get("gitVersion", kv)
     with tempfile.TemporaryDirectory(prefix="gpuprov-helm-") as tmp:

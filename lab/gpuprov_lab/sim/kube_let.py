@@ -33,7 +33,7 @@ from .kube_client import Client, ClientError, load_kubeconfig
 from .kube_host import CONTAINERD_SOCK, ContainerdConfig, Host, containerd_config
 from .kube_store import ApiError, Obj, Resource
 
-VERSION = "v1.33.5"
+VERSION = "v1.36.3"
 CONFIG_DEFAULT = "/var/lib/kubelet/config.yaml"
 PKI_DIR = "/var/lib/kubelet/pki"
 API_UNIT = "gpuprov-lab-kube-apiserver.service"
@@ -1024,7 +1024,7 @@ class Kubelet:
                             "nodeSelector": {"kubernetes.io/hostname": self.s.node_name},
                             "tolerations": [{"operator": "Exists"}],
                             "hostNetwork": True,
-                            "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
+                            "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10.2"}],
                         },
                     },
                 },

@@ -358,15 +358,22 @@ def transform(ds: Obj, spec: Obj, nodes: list[Obj]) -> None:
         main["image"] = image_path(spec, "migManager")
         pod["runtimeClassName"] = rc
         # The ConfigMaps of the mig-parted-config and gpu-clients volumes (GetConfigMapName defaults).
+        # v26.7.0: a custom config is CONFIG_FILE; the default one is mounted as config-default.yaml and
+        # named by DEFAULT_CONFIG_FILE, the manager's fallback when it cannot generate a config from NVML.
+        custom = u.dig(spec, "migManager", "config", "name")
         for v in pod.get("volumes") or []:
             if "mig-parted-config" in v.get("name", ""):
-                v["configMap"]["name"] = (
-                    u.dig(spec, "migManager", "config", "name") or "default-mig-parted-config"
-                )
+                v["configMap"]["name"] = custom or "default-mig-parted-config"
+                if not custom:
+                    v["configMap"]["items"] = [{"key": "config.yaml", "path": "config-default.yaml"}]
             elif "gpu-clients" in v.get("name", ""):
                 v["configMap"]["name"] = (
                     u.dig(spec, "migManager", "gpuClientsConfig", "name") or "default-gpu-clients"
                 )
+        if custom:
+            set_env(main, "CONFIG_FILE", "/mig-parted-config/config.yaml")
+        else:
+            set_env(main, "DEFAULT_CONFIG_FILE", "/mig-parted-config/config-default.yaml")
         if cdi:
             set_env(main, "CDI_ENABLED", "true")
             if toolkit:

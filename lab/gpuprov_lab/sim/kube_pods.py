@@ -833,7 +833,14 @@ class PodRunner:
             found = self.volume(c, path) if path else None
             if found is None or "configMap" not in found[0]:
                 return None
-            return str(found[0]["configMap"].get("name", "")), found[1]
+            cm, rest = found[0]["configMap"], found[1]
+            key = next((i["key"] for i in cm.get("items") or [] if i.get("path") == rest), rest)
+            return str(cm.get("name", "")), key
+
+        # v0.15.0 without CONFIG_FILE generates its config from NVML's MIG profiles and falls back to
+        # DEFAULT_CONFIG_FILE; the lab's GPUs answer MIG through the simulated nvidia-smi, not the mock
+        # NVML, so the simulated manager takes the fallback.
+        config_path = env.get("CONFIG_FILE") or env.get("DEFAULT_CONFIG_FILE", "")
 
         ns, name, kubeconfig = self.meta["namespace"], self.meta["name"], self.k.s.kubeconfig
         settings = kube_mig.Settings(
@@ -841,7 +848,7 @@ class PodRunner:
             namespace=ns,
             pod=name,
             uid=self.uid,
-            config_file=ref(env.get("CONFIG_FILE", "")),
+            config_file=ref(config_path),
             clients_file=ref(env.get("GPU_CLIENTS_FILE", "")),
             shutdown_host_clients=host_driver == "true",
             with_reboot=env.get("WITH_REBOOT", "").lower() == "true",
@@ -854,7 +861,7 @@ class PodRunner:
             )
             m.log("info", f"WITH_SHUTDOWN_HOST_GPU_CLIENTS={host_driver}")
             m.log("info", "Starting nvidia-mig-manager")
-            m.log("info", f"Using custom config: {env.get('CONFIG_FILE', '')}")
+            m.log("info", f"Using config: {config_path}")
             return m
 
         kube_mig.ensure_running(self.host, self.uid, make)

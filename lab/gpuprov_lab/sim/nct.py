@@ -1,9 +1,11 @@
-"""Part of the gpuprov lab: the NVIDIA Container Toolkit repository (libnvidia-container), 1.18.0-1.
+"""Part of the gpuprov lab: the NVIDIA Container Toolkit repository (libnvidia-container), 1.20.0-1.
 
-nvidia-container-toolkit-base and nvidia-container-toolkit carry NVIDIA's real 1.18.0 binaries
+nvidia-container-toolkit-base and nvidia-container-toolkit carry NVIDIA's real 1.20.0 binaries
 (nvidia-ctk, nvidia-container-runtime, nvidia-cdi-hook, nvidia-container-runtime-hook, built from NVIDIA's
 source), NVIDIA's own maintainer scripts and the nvidia-cdi-refresh systemd units, laid out as the tag's
-debian/*.install files say; their control fields follow the tag's debian/control. What they do to
+debian/*.install files say (the units under /lib/systemd/system since 1.20.0); their control fields follow
+the tag's debian/control, and what debhelper adds to the scripts (debian/rules runs `dh --with systemd`,
+debian/*.maintscript) is added as debhelper writes it. What they do to
 daemon.json, which CDI spec they write and which devices a container gets is therefore the real tools'
 doing (the GPUs they see come from NVIDIA's mock NVML in the lab's driver packages).
 
@@ -19,10 +21,10 @@ import re
 from gpuprov_lab import vendor
 from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
 from gpuprov_lab.sim.elf import shared_object
-from gpuprov_lab.sim.nvidia import LIBDIR, tool
+from gpuprov_lab.sim.nvidia import LIBDIR, systemd_scripts, tool
 
 NCT_REPO = "nct"
-VERSION = "1.18.0"
+VERSION = "1.20.0"
 FULL = f"{VERSION}-1"
 HOMEPAGE = "https://github.com/NVIDIA/nvidia-container-toolkit"
 ARTIFACT = "nvidia-container-toolkit"
@@ -59,10 +61,34 @@ def _control_field(package: str, field: str) -> list[str]:
     raise ValueError(f"{package} is not in NVIDIA's debian/control")
 
 
-def _script(name: str) -> str:
-    """NVIDIA's maintainer script, with debhelper's #DEBHELPER# token removed (nothing to add there:
-    the units it would enable are enabled by the script itself)."""
-    return vendor.artifact(ARTIFACT, f"packaging/{name}").read_text().replace("#DEBHELPER#\n", "")
+# The units debian/nvidia-container-toolkit-base.install ships; `dh --with systemd` (debhelper compat 9,
+# debian/compat) enables and starts each of them from the package's scripts.
+UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
+
+
+def _maintscript_helpers(package: str) -> str:
+    """dh_installdeb's rendering of debian/<package>.maintscript: each line becomes a
+    dpkg-maintscript-helper call in preinst, postinst and postrm (what rm_conffile needs)."""
+    path = vendor.artifact(ARTIFACT, "packaging").joinpath(f"{package}.maintscript")
+    if not path.exists():
+        return ""
+    lines = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            args = line.strip().replace("@VERSION@", FULL)
+            lines.append(f'dpkg-maintscript-helper {args} -- "$@"\n')
+    return "".join(lines)
+
+
+def _script(package: str, kind: str, units: tuple[str, ...] = ()) -> str:
+    """NVIDIA's maintainer script with debhelper's #DEBHELPER# token replaced by what debhelper puts
+    there: the maintscript helpers and, for the units the package ships, their enable/start snippets."""
+    path = vendor.artifact(ARTIFACT, "packaging").joinpath(f"{package}.{kind}")
+    added = _maintscript_helpers(package) if kind in ("preinst", "postinst", "postrm") else ""
+    added += "".join(systemd_scripts(unit, start=True).get(kind, "") for unit in units)
+    if path.exists():
+        return path.read_text().replace("#DEBHELPER#\n", added)
+    return added
 
 
 def packages() -> list[SimPackage]:
@@ -70,11 +96,9 @@ def packages() -> list[SimPackage]:
     lib = f"{LIBDIR}/libnvidia-container.so.{VERSION}"
     golib = f"{LIBDIR}/libnvidia-container-go.so.{VERSION}"
     real = REAL.format(version=VERSION)
-    # Where debian/nvidia-container-toolkit-base.install puts NVIDIA's systemd units and their env file.
-    units = {
-        f"/etc/systemd/system/{name}": SimFile(_real(f"systemd/{name}"))
-        for name in ("nvidia-cdi-refresh.service", "nvidia-cdi-refresh.path")
-    }
+    # Where debian/nvidia-container-toolkit-base.install puts NVIDIA's systemd units and their env file
+    # (only the env file is a conffile: it is under /etc).
+    units = {f"/lib/systemd/system/{name}": SimFile(_real(f"systemd/{name}")) for name in UNITS}
     env_file = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
     units[env_file] = SimFile(_real("systemd/nvidia-cdi-refresh.env") + LAB_CDI_SETTINGS)
     return [
@@ -123,8 +147,12 @@ def packages() -> list[SimPackage]:
                 "/usr/bin/nvidia-cdi-hook": SimFile(_real("bin/nvidia-cdi-hook"), 0o755),
                 **units,
             },
-            conffiles=sorted(units),
-            maintainer_scripts={"postinst": _script("nvidia-container-toolkit-base.postinst")},
+            conffiles=[env_file],
+            maintainer_scripts={
+                kind: script
+                for kind in ("preinst", "postinst", "prerm", "postrm")
+                if (script := _script("nvidia-container-toolkit-base", kind, UNITS))
+            },
             real=real,
         ),
         SimPackage(
@@ -143,8 +171,8 @@ def packages() -> list[SimPackage]:
                 ),
             },
             maintainer_scripts={
-                "postinst": _script("nvidia-container-toolkit.postinst"),
-                "postrm": _script("nvidia-container-toolkit.postrm"),
+                "postinst": _script("nvidia-container-toolkit", "postinst"),
+                "postrm": _script("nvidia-container-toolkit", "postrm"),
             },
             real=real,
         ),

@@ -384,7 +384,7 @@ WantedBy=multi-user.target
 """
 
 
-def _systemd_scripts(unit: str, start: bool) -> dict[str, str]:
+def systemd_scripts(unit: str, start: bool) -> dict[str, str]:
     """What dh_installsystemd generates: enable on configure (and start when asked), stop on remove."""
     started = (
         f"""    if [ -d /run/systemd/system ]; then
@@ -438,7 +438,7 @@ fi
 
 def _persistenced(version: str) -> SimPackage:
     full = f"{version}-{_revision(version)}"
-    scripts = _systemd_scripts("nvidia-persistenced.service", start=True)
+    scripts = systemd_scripts("nvidia-persistenced.service", start=True)
     scripts["postinst"] = (
         'if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then\n'
         "  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "
@@ -546,7 +546,7 @@ def _fabricmanager(version: str) -> list[SimPackage]:
                 **_doc(fm_name, label),
             },
             conffiles=[cfg],
-            maintainer_scripts=_systemd_scripts("nvidia-fabricmanager.service", start=True),
+            maintainer_scripts=systemd_scripts("nvidia-fabricmanager.service", start=True),
         ),
         SimPackage(
             name=nscq_name,

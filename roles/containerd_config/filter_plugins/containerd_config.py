@@ -18,7 +18,7 @@ Where a setting lives depends on the file's config version, which is what contai
 cmd/containerd/server/config/config.go + pkg/cri/config migration in 2.x; version 3 names from
 `containerd config default` of 2.1.)
 
-The nvidia runtime is written the way `nvidia-ctk runtime configure --runtime=containerd` (1.18.0) writes
+The nvidia runtime is written the way `nvidia-ctk runtime configure --runtime=containerd` (1.20.0) writes
 it: a copy of the runc runtime's table with options.BinaryName set to the nvidia runtime (see
 nvidia-container-toolkit pkg/config/engine/containerd/config.go, AddRuntime). It goes into config.toml
 itself, not a drop-in: containerd 1.6 and 1.7 replace a plugin's whole table with an imported file's

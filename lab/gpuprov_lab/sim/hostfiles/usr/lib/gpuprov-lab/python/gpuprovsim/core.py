@@ -164,7 +164,13 @@ def pid_alive(pid: int) -> bool:
 
 
 def write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write a file in place (bind-mounted files must keep their inode)."""
+    """Write a file in place (bind-mounted files must keep their inode); a file that already says
+    this is left alone, so a reader without CAP_DAC_OVERRIDE (a systemd unit with a narrow
+    CapabilityBoundingSet, such as the toolkit's nvidia-cdi-refresh.service) can run the simulated
+    tools over state a privileged caller rendered."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if path.read_text() == text:
+            return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         fh.write(text)
