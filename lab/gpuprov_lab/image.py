@@ -116,7 +116,7 @@ RUN set -e; \\
     depmod -a {kernel}; \\
     if [ -x {setup} ]; then {setup}; fi
 STOPSIGNAL SIGRTMIN+3
-CMD ["/sbin/init"]
+ENTRYPOINT ["/usr/lib/gpuprov-lab/bin/gpuprov-lab-init"]
 """
 
 
@@ -256,8 +256,20 @@ def dockerfile_text(base: str) -> str:
     )
 
 
+# Where the lab's runc wrapper sits in a host (image-setup.sh diverts Debian's runc to .distrib).
+HOST_RUNC_WRAPPER = "usr/lib/gpuprov-lab/bin/runc"
+
+
+def host_runc_wrapper() -> str:
+    """The runc wrapper (gpuprov_lab.runc_capfilter) as lab hosts run it, in front of Debian's runc."""
+    source = (Path(__file__).parent / "runc_capfilter.py").read_text()
+    return source.replace('REAL_RUNC = "/usr/sbin/runc"', 'REAL_RUNC = "/usr/sbin/runc.distrib"', 1)
+
+
 def host_image_tag(base: str, archive_key: bytes) -> str:
-    digest = paths.digest(dockerfile_text(base), SSHD_CONF, archive_key, *paths.tree_manifest(HOSTFILES))
+    digest = paths.digest(
+        dockerfile_text(base), SSHD_CONF, archive_key, host_runc_wrapper(), *paths.tree_manifest(HOSTFILES)
+    )
     return f"{HOST_REPO}:{digest[:16]}"
 
 
@@ -277,6 +289,10 @@ def ensure_host_image(docker: Docker, base: str, archive_key: bytes, progress: P
             )
         else:
             (ctx / "hostfiles").mkdir()
+        wrapper = ctx / "hostfiles" / HOST_RUNC_WRAPPER
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(host_runc_wrapper())
+        wrapper.chmod(0o755)
         (ctx / "gpuprov-lab-archive.gpg").write_bytes(archive_key)
         (ctx / "sshd-gpuprov-lab.conf").write_text(SSHD_CONF)
         (ctx / "Dockerfile").write_text(dockerfile_text(base))

@@ -5,7 +5,9 @@ with "unable to apply caps". This wrapper removes the capabilities this machine 
 OCI spec (``<bundle>/config.json`` for create/run, the ``--process`` file for exec) and execs runc.
 
 gpuprov installs it (as a standalone script, stdlib only) and registers it as Docker's default runtime
-only on machines where that failure was seen.
+only on machines where that failure was seen; lab hosts run it in front of their own runc (their
+containerd's and Docker's containers hit the same limit), where it also drops a negative oomScoreAdj,
+which needs CAP_SYS_RESOURCE too.
 """
 
 from __future__ import annotations
@@ -105,6 +107,16 @@ def filter_caps(doc: dict, missing: set[str]) -> bool:
     return changed
 
 
+def filter_oom_score(doc: dict, missing: set[str]) -> bool:
+    """Drop a negative oomScoreAdj when CAP_SYS_RESOURCE is missing: lowering a process's OOM score
+    needs that capability, and the kubelet asks for -997 for its critical pods."""
+    proc = doc.get("process", doc)
+    if "CAP_SYS_RESOURCE" in missing and int(proc.get("oomScoreAdj", 0) or 0) < 0:
+        del proc["oomScoreAdj"]
+        return True
+    return False
+
+
 def main(args: list[str]) -> None:
     path = spec_path(args)
     if path and os.path.isfile(path):
@@ -112,7 +124,7 @@ def main(args: list[str]) -> None:
             missing = missing_caps(bounding_set(fh.read()))
         with open(path) as fh:
             doc = json.load(fh)
-        if filter_caps(doc, missing):
+        if filter_caps(doc, missing) | filter_oom_score(doc, missing):
             tmp = path + ".capfilter"
             with open(tmp, "w") as fh:
                 json.dump(doc, fh)

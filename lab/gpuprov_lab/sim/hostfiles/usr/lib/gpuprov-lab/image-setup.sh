@@ -22,6 +22,11 @@ divert /sbin/lsmod "$BIN/lsmod"
 divert /bin/lsmod "$BIN/lsmod"
 # util-linux: the machine's kernel log must not show inside a lab host.
 divert /bin/dmesg "$BIN/dmesg"
+# runc (from Debian, installed by the docker and kubernetes roles): the real one lands at .distrib;
+# the lab's wrapper in its place drops the capabilities this machine cannot grant (CAP_SYS_RESOURCE is
+# missing from the capability bounding set of the machines the lab runs on) from each container's
+# spec, and execs it. A real host needs no wrapper; where nothing is missing it changes nothing.
+divert /usr/sbin/runc "$BIN/runc"
 # nvidia-mig-manager (NVIDIA's real package, installed by the nvidia_mig_manager role): its real
 # nvidia-mig-parted lands at .distrib; the lab's front end answers apply/assert/export from the
 # simulated GPUs (lab hosts have no /proc/modules, which the real binary reads first).
@@ -33,4 +38,4 @@ grep -q '^MOCK_NVML_CONFIG=' /etc/environment 2>/dev/null ||
   echo 'MOCK_NVML_CONFIG=/run/gpuprov-lab/nvml.yaml' >> /etc/environment
 
 python3 -c 'import sys; sys.path.insert(0, "/usr/lib/gpuprov-lab/python"); import gpuprovsim.boot'
-systemctl enable gpuprov-lab-hardware.service gpuprov-lab-faultwatch.service
+systemctl enable gpuprov-lab-hardware.service gpuprov-lab-faultwatch.service gpuprov-lab-cgroup-unified.service

