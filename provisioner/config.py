@@ -26,6 +26,7 @@ GLOBAL_KNOBS: dict[str, str] = {
     "gpuprov_mirror_url": "str",
     "gpuprov_mirror_key_url": "str",
     "gpuprov_mirror_key_fingerprint": "str",
+    "gpuprov_registry_mirror_url": "str",
     "gpuprov_reboot_allowed": "bool",
     # GPU sharing, MIG and tenants (roles gpu_operator and gpu_tenants); checked further by
     # _gpu_setting_problems below.

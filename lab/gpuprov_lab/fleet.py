@@ -25,6 +25,7 @@ from typing import TypeVar
 from gpuprov_lab import distros, engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
 from gpuprov_lab.engine import Docker, Progress, _quiet
 from gpuprov_lab.errors import LabError
+from gpuprov_lab.kube import images, registry
 from gpuprov_lab.plan import PlannedHost
 from gpuprov_lab.sim import nvml
 from gpuprov_lab.state import LabState
@@ -159,6 +160,7 @@ def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
         st.save()  # from here on, `lab down` can find everything even if the rest fails
 
         mirror.ensure_server(st, progress)
+        registry.ensure_server(registry.storage(images.all_images(), progress), st.gateway, lp.root, progress)
         ssh_key = keys.ensure_ssh_key(lp.ssh_key, f"gpuprov-lab-{req.lab}")
         host_keys = {h.name: keys.ensure_host_key(lp.host_key_dir(h.name), h.name) for h in specs}
         keys.write_known_hosts(lp.known_hosts, {h.ip: host_keys[h.name][1] for h in specs})
@@ -506,18 +508,20 @@ class DownReport:
     networks: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
     mirror_stopped: bool = False
+    registry_stopped: bool = False
     state_removed: bool = False
     engine_stopped: bool = False
 
 
 def down(lab: str, progress: Progress = _quiet) -> DownReport:
-    """Remove every container, network and volume labelled with the lab, its mirror server (by PID) and
-    its state dir; stop the engine gpuprov started once nothing else uses it."""
+    """Remove every container, network and volume labelled with the lab, its mirror and registry servers
+    (by PID) and its state dir; stop the engine gpuprov started once nothing else uses it."""
     paths.check_lab_name(lab)
     lp = paths.LabPaths(lab)
     report = DownReport()
     with state.lock():
         report.mirror_stopped = mirror.stop_server(lp)
+        report.registry_stopped = registry.stop_server(lp.root / "registry.pid")
         docker = Docker() if engine.Docker().info() is not None else None
         if docker is not None:
             flt = ["--filter", f"label={paths.LABEL}={lab}"]

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from gpuprov_lab import distros, keys, plan
+from gpuprov_lab.kube import images, registry
 from gpuprov_lab.mirror import KEY_NAME
 from gpuprov_lab.state import LabState
 
@@ -48,9 +49,11 @@ def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
                 "gpuprov_mirror_url": st.mirror_url,
                 "gpuprov_mirror_key_url": f"{st.mirror_url}/{KEY_NAME}.asc",
                 "gpuprov_mirror_key_fingerprint": key.fingerprint,
+                "gpuprov_registry_mirror_url": f"http://{st.gateway}:{registry.PORT}",
                 "lab_name": st.name,
                 **_flannel_checksum(st),
                 **_mig_manager_checksum(st),
+                **kubernetes_settings(f"{st.gateway}:{registry.PORT}"),
             },
             "children": {
                 "kube_control_plane": {"hosts": {n: host_vars(n) for n in cps}},
@@ -60,6 +63,80 @@ def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
                 },
             },
         }
+    }
+
+
+def cgroup_v1(root: Path = Path("/sys/fs/cgroup")) -> bool:
+    """Whether this machine (and so every lab host, which shares its kernel) has cgroup v1."""
+    return not (root / "cgroup.controllers").exists()
+
+
+def kubernetes_settings(registry_host: str) -> dict[str, Any]:
+    """What Kubernetes needs on the lab's hosts, set where a real site sets such things: in the
+    inventory. None of it is a product default; docs/lab.md says which is for which reason.
+
+    - The pod network: the bridge CNI (flannel's images cannot be had here).
+    - CoreDNS: no image exists here, so kubeadm's image pre-pull of it is a preflight error to ignore;
+      its pods stay ImagePullBackOff, which stops neither kubeadm nor the nodes being Ready.
+    - etcd: the lab's image is etcd 3.6.13 (built from source), tagged as it reports itself.
+    - Containers share this machine's kernel: kube-proxy may not raise nf_conntrack_max there.
+    - On a cgroup v1 machine (this kind of build machine), kubeadm 1.35+ fails SystemVerification and
+      the kubelet refuses to start unless told cgroup v1 is wanted (failCgroupV1: false). A cgroup v2
+      host, such as a real Ubuntu 24.04 server, needs neither.
+    """
+    settings: dict[str, Any] = {
+        "kubernetes_cni": "bridge",
+        # The lab's own images (test workloads) are named after the registry's address, which serves HTTP.
+        "kubernetes_registry_mirrors": {registry_host: [f"http://{registry_host}"]},
+        "kubernetes_etcd_image_tag": images.ETCD_TAG,
+        "kubernetes_kube_proxy_config": {"conntrack": {"maxPerCore": 0}},
+    }
+    ignore = ["ImagePull"]
+    if cgroup_v1():
+        ignore.append("SystemVerification")
+        settings["kubernetes_kubelet_config"] = {"failCgroupV1": False}
+    settings["kubernetes_kubeadm_ignore_preflight_errors"] = ignore
+    settings.update(gpu_operator_settings())
+    return settings
+
+
+# Where the operands see the mock NVML's configuration of their host (gpuprovsim.boot.OPERAND_VIEW).
+OPERAND_NVML = "/run/nvidia/gpuprov-lab/nvml.yaml"
+
+
+def _env(**values: str) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def gpu_operator_settings() -> dict[str, Any]:
+    """The GPU Operator's values in the lab, in the inventory (gpu_operator_values), each for a reason
+    docs/lab.md gives:
+
+    - NFD, DCGM and the DCGM exporter are off: none of their images can be built here. The GPU nodes
+      carry the PCI label NFD would give them (feature.node.kubernetes.io/pci-10de.present), which is
+      what the operator looks for, through the kubernetes role's node labels.
+    - The validator's CUDA and plugin workload pods are off: they run the CUDA vectorAdd sample, which
+      cannot be built here. The validations themselves (driver, toolkit, CUDA, plugin) run.
+    - The device plugin, GPU feature discovery and the MIG manager load NVIDIA's mock NVML, which reads
+      the host's GPUs from MOCK_NVML_CONFIG: each is told where its mounts show that file.
+    """
+    return {
+        "kubernetes_gpu_node_labels": {
+            "node-role.kubernetes.io/gpu": "",
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+        },
+        "gpu_operator_values": {
+            "nfd": {"enabled": False},
+            "dcgm": {"enabled": False},
+            "dcgmExporter": {"enabled": False},
+            "validator": {
+                "cuda": {"env": _env(WITH_WORKLOAD="false")},
+                "plugin": {"env": _env(WITH_WORKLOAD="false")},
+            },
+            "devicePlugin": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
+            "gfd": {"env": _env(MOCK_NVML_CONFIG=OPERAND_NVML)},
+            "migManager": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
+        },
     }
 
 

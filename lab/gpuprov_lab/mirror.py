@@ -211,12 +211,12 @@ def vendor_key_paths(repo: SimRepo) -> list[str]:
 
 
 # Vendor artifacts the lab's packages are made from (their content is part of the mirror's cache key).
-VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock", "gpu-operator", "mig-parted")
+VENDOR_INPUTS = ("nvidia-container-toolkit", "nvml-mock", "gpu-operator", "mig-parted", "kubernetes")
 
 
 def sim_inputs_digest() -> str:
-    sim_dir = Path(__file__).parent / "sim"
-    parts = paths.tree_manifest(sim_dir)
+    here = Path(__file__).parent
+    parts = paths.tree_manifest(here / "sim") + paths.tree_manifest(here / "kube")
     for kind in VENDOR_INPUTS:
         parts += [f"vendor:{kind}", *paths.tree_manifest(vendor.artifact(kind))]
     return _digest(*parts)

@@ -53,6 +53,7 @@ def down_summary(lab: str, r: DownReport) -> str:
         f"{len(r.networks)} network(s)",
         f"{len(r.volumes)} volume(s)",
         "mirror server stopped" if r.mirror_stopped else "no mirror server",
+        "registry stopped" if r.registry_stopped else "no registry",
         "state removed" if r.state_removed else "no state",
     ]
     if r.engine_stopped:

@@ -33,9 +33,16 @@ ARTIFACTS = {
     "(bin/, packaging/, systemd/); rebuilt by build-nvidia-container-toolkit.sh SRC GO_BIN",
     "nvml-mock": "NVIDIA's mock libnvidia-ml.so/libcuda.so (k8s-test-infra) and GPU profiles; "
     "rebuilt by build-nvml-mock.sh SRC GO_BIN",
-    "gpu-operator": "the GPU Operator v26.7.0 chart (chart/) and operand manifests (assets/) from its tag",
-    "mig-parted": "nvidia-mig-parted v0.15.0 built from NVIDIA's source, with its systemd deployment "
-    "(bin/, systemd/ with systemd/packages/debian: the lab packs NVIDIA's nvidia-mig-manager .deb from them)",
+    "gpu-operator": "the GPU Operator v26.7.0 chart (chart/), operand manifests (assets/) and its binaries "
+    "gpu-operator, nvidia-validator, manage-crds built from its tag (bin/*.xz)",
+    "mig-parted": "nvidia-mig-parted and nvidia-mig-manager v0.15.0 built from NVIDIA's source, with its "
+    "systemd deployment (bin/, systemd/ with systemd/packages/debian: the lab packs NVIDIA's "
+    "nvidia-mig-manager .deb from them)",
+    "kubernetes": "kubeadm, kubelet, kubectl, kube-apiserver, kube-controller-manager, kube-scheduler, "
+    "kube-proxy v1.36.3 and pause 3.10.2 built from source (bin/*.xz); rebuilt by build-kubernetes.sh",
+    "etcd": "etcd 3.6.13 built from source (bin/etcd.xz); rebuilt by build-etcd.sh",
+    "k8s-device-plugin": "NVIDIA's nvidia-device-plugin and gpu-feature-discovery v0.20.0 built from "
+    "NVIDIA's source (bin/*.xz); rebuilt by build-k8s-device-plugin.sh",
 }
 # containerd generation → the Debian suite whose containerd it is.
 CONTAINERD_SUITES = {"1.6": "bookworm", "1.7": "trixie", "2": "sid"}

@@ -66,6 +66,10 @@ def version(name: str) -> str:
     """What a vendored Kubernetes binary says of its version (v1.36.3)."""
     from gpuprov_lab import proc
 
-    argv = [str(kubernetes(name)), "version", "-o", "short"] if name == "kubeadm" else [str(kubernetes(name)), "--version"]
+    argv = (
+        [str(kubernetes(name)), "version", "-o", "short"]
+        if name == "kubeadm"
+        else [str(kubernetes(name)), "--version"]
+    )
     out = proc.run(argv, what=f"{name} --version").stdout.strip()
     return out.split()[-1]

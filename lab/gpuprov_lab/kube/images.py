@@ -5,6 +5,15 @@ kube-proxy, pause and etcd, each the vendored binary (static) at the path the up
 kube-proxy with Debian's iptables (nft backend) and conntrack beside it. The etcd image carries etcd
 3.6.13 under its own tag (3.6.13-0); the lab's inventory names that tag (kubeadm's default is
 3.6.8-0). No CoreDNS image exists here (no source, no registry has it).
+
+The GPU Operator's (what its v26.7.0 chart and ClusterPolicy name): the operator image (gpu-operator,
+manage-crds, nvidia-validator, the operator's assets and manifests where its Dockerfile puts them; it
+is also the validator image), the device plugin image (nvidia-device-plugin, gpu-feature-discovery)
+and the MIG manager image (nvidia-mig-manager, nvidia-mig-parted, nvidia-ctk), each the vendored
+binaries built from NVIDIA's source on Debian's glibc, with busybox as the images carry it. What is
+not built here is missing (the CUDA vectorAdd sample the validator's workload pods run, the MPS
+control daemon) or, where an operand cannot start without it, a labelled stand-in: the device
+plugin's config-manager (its sidecar and init container), which picks the node's sharing profile.
 """
 
 from __future__ import annotations
@@ -78,7 +87,120 @@ def kubernetes_images() -> list[Image]:
     return images
 
 
+NVCR = "nvcr.io/nvidia"
+OPERATOR_VERSION = vendor.GPU_OPERATOR_CHART_VERSION
+DEVICE_PLUGIN_VERSION = "v0.20.0"
+MIG_MANAGER_VERSION = "v0.15.0"
+BUSYBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox"
+# The lab's stand-in for the device plugin's config-manager (SIMULATED: no build of it exists here).
+CONFIG_MANAGER = Path(__file__).resolve().parent / "files" / "config-manager"
+
+
+def glibc_busybox() -> dict[str, Entry]:
+    """What the operand images stand on: Debian's glibc (the vendored dynamic binaries load it) and a
+    static busybox at /busybox with its applets, /bin/sh being busybox's, as NVIDIA's images carry it."""
+    files = merged_usr()
+    files.update(debian_files("libc6", "libgcc-s1"))
+    busybox = debian.unpacked(SUITE, "busybox-static").path("usr/bin/busybox")
+    files["/busybox/busybox"] = Entry(source=busybox, mode=0o755)
+    from gpuprov_lab import proc
+
+    applets = proc.run([str(busybox), "--list"], what="busybox --list").stdout.split()
+    for applet in applets:
+        files[f"/busybox/{applet}"] = Entry(link_to="busybox")
+    files["/usr/bin/sh"] = Entry(link_to="/busybox/sh")
+    return files
+
+
+def _tree(src: Path, dest: str) -> dict[str, Entry]:
+    return {
+        f"{dest}/{p.relative_to(src).as_posix()}": Entry(source=p, mode=0o644)
+        for p in sorted(src.rglob("*"))
+        if p.is_file()
+    }
+
+
+def nvidia_smi() -> dict[str, Entry]:
+    """NVIDIA's nvidia-smi where Debian installs it: a container that asks for GPUs gets the host's
+    /usr/bin/nvidia-smi mounted by the NVIDIA runtime, which on a lab host is the simulation's
+    front end, and it hands over to this binary where the lab's library is absent."""
+    return {f"/{vendor.NVIDIA_SMI_PATH}": Entry(source=vendor.nvidia_smi(), mode=0o755)}
+
+
+# The lab's own image for test workloads: a shell and NVIDIA's nvidia-smi, served by the lab's
+# registry under its own address (the inventory makes containerd reach that address over HTTP).
+TOOLS_REPOSITORY = "gpuprov-lab/tools"
+TOOLS_TAG = "1"
+
+
+def tools_image() -> Image:
+    img = Image(ref=f"{TOOLS_REPOSITORY}:{TOOLS_TAG}", cmd=["sh"], env=[f"PATH={BUSYBOX_PATH}"])
+    img.files.update(glibc_busybox())
+    img.files.update(nvidia_smi())
+    return img
+
+
+def operator_image() -> Image:
+    """nvcr.io/nvidia/gpu-operator:v26.7.0 (docker/Dockerfile of the tag): the operator and validator."""
+    img = Image(ref=f"{NVCR}/gpu-operator:{OPERATOR_VERSION}", entrypoint=["/usr/bin/gpu-operator"],
+                env=[f"PATH={BUSYBOX_PATH}", "NVIDIA_VISIBLE_DEVICES=void"], user="1000:1000")  # fmt: skip
+    img.files.update(glibc_busybox())
+    img.files.update(nvidia_smi())  # the validator's toolkit check runs nvidia-smi (see nvidia_smi())
+    for name in ("gpu-operator", "manage-crds", "nvidia-validator"):
+        img.files[f"/usr/bin/{name}"] = Entry(source=binaries.unpacked("gpu-operator", name), mode=0o755)
+    img.files.update(_tree(vendor.artifact("gpu-operator", "assets"), "/opt/gpu-operator"))
+    img.files.update(_tree(vendor.artifact("gpu-operator", "manifests"), "/opt/gpu-operator/manifests"))
+    img.files.update(
+        _tree(vendor.artifact("gpu-operator", "validator-manifests"), "/opt/validator/manifests")
+    )
+    chart = vendor.artifact("gpu-operator", "chart")
+    for crd in (
+        "nvidia.com_clusterpolicies.yaml",
+        "nvidia.com_nvidiadrivers.yaml",
+        "nvidia.com_gpuclusters.yaml",
+    ):
+        img.files[f"/opt/gpu-operator/{crd}"] = Entry(source=chart / "crds" / crd, mode=0o644)
+    nfd = chart / "charts" / "node-feature-discovery" / "crds" / "nfd-api-crds.yaml"
+    img.files["/opt/gpu-operator/nfd-api-crds.yaml"] = Entry(source=nfd, mode=0o644)
+    return img
+
+
+def device_plugin_image() -> Image:
+    """nvcr.io/nvidia/k8s-device-plugin:v0.20.0 (deployments/container/Dockerfile of the tag)."""
+    img = Image(
+        ref=f"{NVCR}/k8s-device-plugin:{DEVICE_PLUGIN_VERSION}",
+        entrypoint=["nvidia-device-plugin"],
+        env=[f"PATH={BUSYBOX_PATH}", "NVIDIA_DISABLE_REQUIRE=true", "NVIDIA_VISIBLE_DEVICES=all",
+             "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+    )  # fmt: skip
+    img.files.update(glibc_busybox())
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        img.files[f"/usr/bin/{name}"] = Entry(source=binaries.unpacked("k8s-device-plugin", name), mode=0o755)
+    img.files["/usr/bin/config-manager"] = Entry(source=CONFIG_MANAGER, mode=0o755)
+    img.files["/usr/bin/kubectl"] = Entry(source=vendor.kubectl(), mode=0o755)  # the stand-in's client
+    return img
+
+
+def mig_manager_image() -> Image:
+    """nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0 (deployments/container/Dockerfile of the tag)."""
+    img = Image(
+        ref=f"{NVCR}/cloud-native/k8s-mig-manager:{MIG_MANAGER_VERSION}",
+        entrypoint=["nvidia-mig-manager"],
+        env=[f"PATH={BUSYBOX_PATH}", "NVIDIA_DISABLE_REQUIRE=true", "NVIDIA_VISIBLE_DEVICES=all",
+             "NVIDIA_MIG_CONFIG_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"],
+        user="0:0",
+    )  # fmt: skip
+    img.files.update(glibc_busybox())
+    img.files["/var/run"] = Entry(link_to="/run")
+    img.files["/usr/bin/nvidia-mig-manager"] = Entry(
+        source=binaries.unpacked("mig-parted", "nvidia-mig-manager"), mode=0o755
+    )
+    img.files["/usr/bin/nvidia-mig-parted"] = Entry(source=vendor.mig_parted(), mode=0o755)
+    img.files["/usr/bin/nvidia-ctk"] = Entry(source=vendor.nvidia_ctk(), mode=0o755)
+    return img
+
+
 def all_images() -> list[Image]:
     """Every image the lab's registry serves."""
     vendor.artifact("kubernetes")  # a clear error naming the artifact when it is missing
-    return kubernetes_images()
+    return [*kubernetes_images(), operator_image(), device_plugin_image(), mig_manager_image(), tools_image()]

@@ -42,8 +42,11 @@ class Image:
     files: dict[str, Entry] = field(default_factory=dict)
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
-    env: list[str] = field(default_factory=lambda: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
+    env: list[str] = field(
+        default_factory=lambda: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    )
     labels: dict[str, str] = field(default_factory=dict)
+    user: str = ""
 
     @property
     def repository(self) -> str:
@@ -136,11 +139,14 @@ def build(image: Image) -> Built:
                 ("Entrypoint", image.entrypoint or None),
                 ("Cmd", image.cmd or None),
                 ("Labels", image.labels or None),
+                ("User", image.user or None),
             )
             if v is not None
         },
         "rootfs": {"type": "layers", "diff_ids": [digest(tar)]},
-        "history": [{"created": "2025-01-01T00:00:00Z", "created_by": "gpuprov lab (lab/gpuprov_lab/kube/oci.py)"}],
+        "history": [
+            {"created": "2025-01-01T00:00:00Z", "created_by": "gpuprov lab (lab/gpuprov_lab/kube/oci.py)"}
+        ],
     }
     config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     manifest = {

@@ -12,6 +12,12 @@ around the real binaries.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import yaml
 from gpuprov_lab import debian, vendor
 from gpuprov_lab.kube import binaries
 from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
@@ -26,38 +32,12 @@ HOMEPAGE = "https://kubernetes.io"
 # Debian's containernetworking-plugins: the CNI reference plugins, installed under /usr/lib/cni.
 CNI_SUITE = "trixie"
 
-# kubernetes/release, cmd/krel/templates/latest/kubelet/kubelet.service: the unit pkgs.k8s.io's kubelet
-# package installs.
-KUBELET_SERVICE = """\
-[Unit]
-Description=kubelet: The Kubernetes Node Agent
-Documentation=https://kubernetes.io/docs/
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-ExecStart=/usr/bin/kubelet
-Restart=always
-StartLimitInterval=0
-RestartSec=10
-
-[Install]
-WantedBy=multi-user.target
-"""
-# kubernetes/release, cmd/krel/templates/latest/kubeadm/10-kubeadm.conf: kubeadm's drop-in for it.
-KUBEADM_DROPIN = """\
-# Note: This dropin only works with kubeadm and kubelet v1.11+
-[Service]
-Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
-Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
-# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
-EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
-# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
-# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
-EnvironmentFile=-/etc/default/kubelet
-ExecStart=
-ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
-"""
+# The kubelet unit and kubeadm's drop-in for it, as pkgs.k8s.io's kubelet and kubeadm packages install
+# them (kubernetes/release, cmd/krel/templates/latest/kubelet/kubelet.service and
+# cmd/krel/templates/latest/kubeadm/10-kubeadm.conf).
+FILES = Path(__file__).resolve().parent / "files"
+KUBELET_SERVICE = (FILES / "kubelet.service").read_text()
+KUBEADM_DROPIN = (FILES / "10-kubeadm.conf").read_text()
 CRICTL_PLACEHOLDER = f"""#!/bin/sh
 # crictl: {SIMULATED} placeholder of the cri-tools package (no source or build of crictl here).
 echo "crictl is not available in the gpuprov lab: no build of cri-tools exists here" >&2
@@ -74,7 +54,10 @@ def kube_packages(minor: str) -> list[SimPackage]:
     repo = f"k8s-{minor}"
     kube = pins["kube"]
     upstream = kube.split("-")[0]
-    built = f"Kubernetes v{upstream} built from source (OpenShift's tree of it; flags, files and phases are upstream's)"
+    built = (
+        f"Kubernetes v{upstream} built from source (OpenShift's tree of it; flags, files and phases are "
+        "upstream's)"
+    )
     cni_plugins = debian.unpacked(CNI_SUITE, "containernetworking-plugins")
     cni_files = {
         f"/opt/cni/bin/{p.name}": SimFile(p.read_bytes(), 0o755)
@@ -129,7 +112,9 @@ def kube_packages(minor: str) -> list[SimPackage]:
             section="net",
             homepage=HOMEPAGE,
             files=cni_files,
-            real=_real(f"the CNI reference plugins, Debian's containernetworking-plugins {cni_plugins.version}"),
+            real=_real(
+                f"the CNI reference plugins, Debian's containernetworking-plugins {cni_plugins.version}"
+            ),
         ),
         SimPackage(
             name="cri-tools",
@@ -158,3 +143,41 @@ def helm_package() -> SimPackage:
 
 def packages() -> list[SimPackage]:
     return [p for minor in MINORS for p in kube_packages(minor)] + [helm_package()]
+
+
+# ------------------------------------------------------------------------------------ mirror files
+
+FLANNEL_VERSION = "v0.27.4"
+# flannel's kube-flannel.yml of that release: served for the kubernetes role's flannel path (the lab's
+# own clusters use kubernetes_cni: bridge: flannel's images cannot be had here).
+FLANNEL_MANIFEST = (
+    Path(__file__).resolve().parent.parent / "sim" / "kubefiles" / "flannel" / "kube-flannel.yml"
+)
+
+
+def chart_index(tgz: bytes, version: str) -> bytes:
+    """The chart repository's index.yaml for the chart archive, from its own Chart.yaml."""
+    with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
+        member = tar.extractfile("gpu-operator/Chart.yaml")
+        if member is None:
+            raise ValueError("the chart archive has no gpu-operator/Chart.yaml")
+        meta = yaml.safe_load(member.read().decode())
+    entry = {
+        **meta,
+        "created": "2026-08-20T00:00:00.000000000Z",
+        "digest": hashlib.sha256(tgz).hexdigest(),
+        "urls": [f"gpu-operator-{version}.tgz"],
+    }
+    doc = {"apiVersion": "v1", "entries": {"gpu-operator": [entry]}, "generated": entry["created"]}
+    return yaml.safe_dump(doc, sort_keys=True).encode()
+
+
+def extra_mirror_files() -> dict[str, bytes]:
+    """NVIDIA's helm chart repository (the real chart, packaged as released) and flannel's manifest."""
+    version = vendor.GPU_OPERATOR_CHART_VERSION
+    tgz = vendor.gpu_operator_chart().read_bytes()
+    return {
+        "helm-charts/nvidia/index.yaml": chart_index(tgz, version),
+        f"helm-charts/nvidia/gpu-operator-{version}.tgz": tgz,
+        f"flannel/{FLANNEL_VERSION}/kube-flannel.yml": FLANNEL_MANIFEST.read_bytes(),
+    }

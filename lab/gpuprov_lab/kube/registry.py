@@ -110,7 +110,9 @@ def push(base: str, built: oci.Built) -> None:
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": dg})
         with _request("PUT", url, blob, {"Content-Type": "application/octet-stream"}):
             pass
-    with _request("PUT", f"{base}/v2/{name}/manifests/{tag}", built.manifest, {"Content-Type": oci.MEDIA_MANIFEST}):
+    with _request(
+        "PUT", f"{base}/v2/{name}/manifests/{tag}", built.manifest, {"Content-Type": oci.MEDIA_MANIFEST}
+    ):
         pass
 
 

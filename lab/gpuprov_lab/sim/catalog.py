@@ -2,9 +2,8 @@
 
 ``REPOS`` maps a repository key to its path under the lab mirror and its apt layout (docs/contracts.md,
 "Mirror layout"); :func:`all_packages` is every simulated package with the repositories it goes into.
-The Kubernetes side (kubeadm, kubelet, kubectl, helm, charts, CNI manifest) comes from
-``gpuprov_lab.sim.kube`` when that module exists: it provides ``packages()`` and
-``extra_mirror_files()``.
+The Kubernetes side (kubeadm, kubelet, kubectl, helm, the chart repository, the CNI manifest) is
+real, packaged by ``gpuprov_lab.kube.packages``.
 
 A package whose repo is :data:`DEBIAN` (the simulated kernel headers for the lab's running kernel) is
 published in the lab's Debian archive, where a real host finds ``linux-headers-$(uname -r)``.
@@ -12,8 +11,6 @@ published in the lab's Debian archive, where a real host finds ``linux-headers-$
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 from typing import Any
 
 from gpuprov_lab.sim import nct, nvidia
@@ -31,33 +28,19 @@ REPOS: dict[str, tuple[str, Any]] = {
 }
 
 
-def _kube() -> ModuleType | None:
-    """The Kubernetes simulation, when it is part of this checkout."""
-    try:
-        return importlib.import_module("gpuprov_lab.sim.kube")
-    except ModuleNotFoundError as exc:
-        if exc.name != "gpuprov_lab.sim.kube":
-            raise
-        return None
-
-
 def gpu_packages() -> list[SimPackage]:
     """The NVIDIA side: driver branches, fabric manager, DCGM, CUDA toolkits, container toolkit."""
     return [*nvidia.packages(), *nct.packages()]
 
 
 def all_packages() -> list[SimPackage]:
-    packages = gpu_packages()
-    kube = _kube()
-    if kube is not None:
-        packages += list(kube.packages())
-    return packages
+    from gpuprov_lab.kube import packages
+
+    return [*gpu_packages(), *packages.packages()]
 
 
 def extra_mirror_files() -> dict[str, bytes]:
     """Files served by the mirror besides the repositories (helm chart repo, CNI manifest)."""
-    files: dict[str, bytes] = {}
-    kube = _kube()
-    if kube is not None and hasattr(kube, "extra_mirror_files"):
-        files.update(kube.extra_mirror_files())
-    return files
+    from gpuprov_lab.kube import packages
+
+    return packages.extra_mirror_files()

@@ -89,6 +89,26 @@ sys.exit({module}.main({prog!r}, sys.argv[1:]{", " if args else ""}{args}))
     return SimFile(text, 0o755)
 
 
+def smi_launcher(**constants: str) -> SimFile:
+    """/usr/bin/nvidia-smi: on a lab host the simulated front end (gpuprovsim.smi); where the lab's
+    python library is absent it is NVIDIA's binary that answers. That is the case inside a container,
+    where the NVIDIA runtime mounts this file (the CDI spec names /usr/bin/nvidia-smi) and the lab's
+    images carry NVIDIA's binary where Debian installs it."""
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
+    call = f"from gpuprovsim import smi; sys.exit(smi.main('nvidia-smi', sys.argv[1:], {args}))"
+    text = f"""#!/bin/sh
+# nvidia-smi: {SIMULATED} front end. Part of the gpuprov lab simulation: on a lab host it answers
+# from the host's simulated hardware (/etc/gpuprov-lab/profile.json) and NVIDIA's own binary
+# (/{vendor.NVIDIA_SMI_PATH}); where the lab's library is absent (inside a container) NVIDIA's binary
+# answers alone.
+if [ -d {PYLIB}/gpuprovsim ] && [ -x /usr/bin/python3 ]; then
+  exec /usr/bin/python3 -c "import sys; sys.path.insert(0, '{PYLIB}'); {call}" "$@"
+fi
+exec /{vendor.NVIDIA_SMI_PATH} "$@"
+"""
+    return SimFile(text, 0o755)
+
+
 def _doc(name: str, what: str) -> dict[str, SimFile]:
     return {
         f"/usr/share/doc/{name}/README.simulated": SimFile(
@@ -337,7 +357,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
             section="non-free/utils",
             homepage=HOMEPAGE,
             files={
-                "/usr/bin/nvidia-smi": tool("smi", "nvidia-smi", driver=version, cuda=cuda),
+                "/usr/bin/nvidia-smi": smi_launcher(driver=version, cuda=cuda),
                 f"/{vendor.NVIDIA_SMI_PATH}": SimFile(_real_nvidia_smi(), 0o755),
             },
             real=NVIDIA_SMI_PROVENANCE,

@@ -66,6 +66,7 @@ SETTINGS = {
     "default_runtime",
     "not_default_runtime",
     "enable_cdi",
+    "registry_config_path",
 }
 _RUNTIME_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -160,6 +161,7 @@ def _layout(version: int) -> dict[str, list[str]]:
             "runtimes": [*runtime, "containerd", "runtimes"],
             "cni": [*runtime, "cni"],
             "sandbox": ["plugins", CRI_IMAGES_V3, "pinned_images"],
+            "registry": ["plugins", CRI_IMAGES_V3, "registry"],
         }
     cri = ["plugins", CRI_V2]
     return {
@@ -168,6 +170,7 @@ def _layout(version: int) -> dict[str, list[str]]:
         "runtimes": [*cri, "containerd", "runtimes"],
         "cni": [*cri, "cni"],
         "sandbox": cri,
+        "registry": [*cri, "registry"],
     }
 
 
@@ -315,6 +318,10 @@ def edit(text: str, containerd_version: str, settings: dict[str, Any]) -> str:
         key = "sandbox" if version == 3 else "sandbox_image"
         changed |= _set(_path(doc, where["sandbox"]), key, str(settings["sandbox_image"]))
 
+    if settings.get("registry_config_path"):
+        # Where the CRI plugin reads per-registry hosts.toml files (mirrors), config versions 2 and 3.
+        changed |= _set(_path(doc, where["registry"]), "config_path", str(settings["registry_config_path"]))
+
     return tomlkit.dumps(doc) if changed else text
 
 
@@ -328,11 +335,14 @@ def effective(dump_text: str) -> dict[str, Any]:
     plugins = data.get("plugins") or {}
     if version == 3:
         runtime_plugin = plugins.get(CRI_RUNTIME_V3) or {}
-        sandbox = ((plugins.get(CRI_IMAGES_V3) or {}).get("pinned_images") or {}).get("sandbox")
+        images = plugins.get(CRI_IMAGES_V3) or {}
+        sandbox = (images.get("pinned_images") or {}).get("sandbox")
+        registry = images.get("registry") or {}
         cri_name = CRI_RUNTIME_V3
     else:
         runtime_plugin = plugins.get(CRI_V2) or {}
         sandbox = runtime_plugin.get("sandbox_image")
+        registry = runtime_plugin.get("registry") or {}
         cri_name = CRI_V2
     containerd = runtime_plugin.get("containerd") or {}
     cni = runtime_plugin.get("cni") or {}
@@ -360,6 +370,7 @@ def effective(dump_text: str) -> dict[str, Any]:
         "sandbox_image": sandbox or "",
         "cni_bin_dirs": bin_dirs,
         "imports": list(data.get("imports") or []),
+        "registry_config_path": str(registry.get("config_path") or ""),
     }
 
 
@@ -398,6 +409,9 @@ def unmet(eff: dict[str, Any], settings: dict[str, Any]) -> list[str]:
         missing.append(
             f"the sandbox image is {eff.get('sandbox_image')!r}, not {settings['sandbox_image']!r}"
         )
+    wanted = settings.get("registry_config_path")
+    if wanted and eff.get("registry_config_path") != wanted:
+        missing.append(f"the registry config_path is {eff.get('registry_config_path')!r}, not {wanted!r}")
     return missing
 
 
