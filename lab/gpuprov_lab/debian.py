@@ -105,8 +105,15 @@ def download(suite: str, name: str, version: str | None = None) -> Path:
     """The .deb of ``name`` (at ``version``, else the suite's candidate), downloaded once."""
     version = version or candidate(suite, name)
     debs = state_dir(suite) / "debs"
-    quoted = version.split(":", 1)[-1]
-    found = sorted(debs.glob(f"{name}_{quoted}_*.deb"))
+    # apt-get download names a file after the version with its epoch's colon as %3a (1%3a1.4.8-2).
+    quoted = version.replace(":", "%3a")
+
+    def found_files() -> list[Path]:
+        return sorted(debs.glob(f"{name}_{quoted}_*.deb")) + sorted(
+            debs.glob(f"{name}_{version.split(':', 1)[-1]}_*.deb")
+        )
+
+    found = found_files()
     if found:
         return found[0]
     _prepare(suite)
@@ -116,7 +123,7 @@ def download(suite: str, name: str, version: str | None = None) -> Path:
         timeout=900,
         what=f"apt-get download {name}={version} ({suite})",
     )
-    found = sorted(debs.glob(f"{name}_{quoted}_*.deb"))
+    found = found_files()
     if not found:
         raise LabError(f"apt-get download {name}={version} ({suite}) left no .deb in {debs}")
     return found[0]

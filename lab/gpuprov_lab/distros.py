@@ -33,6 +33,11 @@ class Flavour:
     host_vars: tuple[tuple[str, object], ...] = ()
 
     @property
+    def version_id(self) -> str:
+        """VERSION_ID of the release's /etc/os-release."""
+        return {"bookworm": "12", "trixie": "13"}[self.suite]
+
+    @property
     def archive_suite(self) -> str:
         """The suite name of this flavour in the lab's Debian archive."""
         return self.name

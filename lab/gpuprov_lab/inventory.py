@@ -27,6 +27,8 @@ def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
         # What NVIDIA's repositories for the host's release need (Debian 13: driver 590, CUDA 13.1), as a
         # real site on that release must set it; GPU hosts only.
         settings = dict(flavour.host_vars) if h.is_gpu else {}
+        if h.is_gpu:
+            settings["kubernetes_gpu_node_labels"] = node_feature_labels(flavour.version_id)
         return {
             "ansible_host": h.ip,
             **settings,
@@ -100,6 +102,18 @@ def kubernetes_settings(registry_host: str) -> dict[str, Any]:
     return settings
 
 
+def node_feature_labels(debian_version: str) -> dict[str, str]:
+    """The labels Node Feature Discovery (off in the lab) would give a GPU node and the GPU Operator
+    reads (controllers/state_manager.go: gpuNodeLabels, getGPUNodeOSInfo): the NVIDIA PCI device and
+    the OS release, put there by the kubernetes role's per-host node labels."""
+    return {
+        "node-role.kubernetes.io/gpu": "",
+        "feature.node.kubernetes.io/pci-10de.present": "true",
+        "feature.node.kubernetes.io/system-os_release.ID": "debian",
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID": debian_version,
+    }
+
+
 # Where the operands see the mock NVML's configuration of their host (gpuprovsim.boot.OPERAND_VIEW).
 OPERAND_NVML = "/run/nvidia/gpuprov-lab/nvml.yaml"
 
@@ -113,23 +127,22 @@ def gpu_operator_settings() -> dict[str, Any]:
     docs/lab.md gives:
 
     - NFD, DCGM and the DCGM exporter are off: none of their images can be built here. The GPU nodes
-      carry the PCI label NFD would give them (feature.node.kubernetes.io/pci-10de.present), which is
-      what the operator looks for, through the kubernetes role's node labels.
+      carry the labels NFD would give them and the operator reads (node_feature_labels).
+    - The validator's /dev/char links are off (NVIDIA's documented switch): it finds the NVIDIA
+      character devices in /proc/devices, which is the machine's kernel's in any container here, and
+      that kernel has no NVIDIA module.
     - The validator's CUDA and plugin workload pods are off: they run the CUDA vectorAdd sample, which
       cannot be built here. The validations themselves (driver, toolkit, CUDA, plugin) run.
     - The device plugin, GPU feature discovery and the MIG manager load NVIDIA's mock NVML, which reads
       the host's GPUs from MOCK_NVML_CONFIG: each is told where its mounts show that file.
     """
     return {
-        "kubernetes_gpu_node_labels": {
-            "node-role.kubernetes.io/gpu": "",
-            "feature.node.kubernetes.io/pci-10de.present": "true",
-        },
         "gpu_operator_values": {
             "nfd": {"enabled": False},
             "dcgm": {"enabled": False},
             "dcgmExporter": {"enabled": False},
             "validator": {
+                "driver": {"env": _env(DISABLE_DEV_CHAR_SYMLINK_CREATION="true")},
                 "cuda": {"env": _env(WITH_WORKLOAD="false")},
                 "plugin": {"env": _env(WITH_WORKLOAD="false")},
             },

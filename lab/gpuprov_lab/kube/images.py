@@ -102,12 +102,13 @@ def glibc_busybox() -> dict[str, Entry]:
     files = merged_usr()
     files.update(debian_files("libc6", "libgcc-s1"))
     busybox = debian.unpacked(SUITE, "busybox-static").path("usr/bin/busybox")
-    files["/busybox/busybox"] = Entry(source=busybox, mode=0o755)
     from gpuprov_lab import proc
 
     applets = proc.run([str(busybox), "--list"], what="busybox --list").stdout.split()
     for applet in applets:
-        files[f"/busybox/{applet}"] = Entry(link_to="busybox")
+        if applet != "busybox":
+            files[f"/busybox/{applet}"] = Entry(link_to="busybox")
+    files["/busybox/busybox"] = Entry(source=busybox, mode=0o755)
     files["/usr/bin/sh"] = Entry(link_to="/busybox/sh")
     return files
 

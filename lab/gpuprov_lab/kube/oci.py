@@ -69,6 +69,24 @@ class Image:
                 self.files[dest] = Entry(source=path)
 
 
+def fingerprint(image: Image) -> str:
+    """What the image is made of, cheaply: its config and each file's path, mode and source (a file on
+    this machine by path, size and mtime; bytes by digest). Equal fingerprints build equal images."""
+    h = hashlib.sha256()
+    h.update(json.dumps([image.ref, image.entrypoint, image.cmd, image.env, image.labels, image.user]).encode())
+    for path in sorted(image.files):
+        e = image.files[path]
+        if e.link_to is not None:
+            part = f"L {path} {e.link_to}"
+        elif e.content is not None:
+            part = f"C {path} {e.mode} {hashlib.sha256(e.content).hexdigest()}"
+        else:
+            st = e.source.stat()  # type: ignore[union-attr]
+            part = f"F {path} {e.mode} {e.source} {st.st_size} {st.st_mtime_ns} {st.st_mode}"
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class Built:
     """An image as a registry stores it: blobs by digest and the manifest."""

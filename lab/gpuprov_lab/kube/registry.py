@@ -117,13 +117,15 @@ def push(base: str, built: oci.Built) -> None:
 
 
 def storage(images: Iterable[oci.Image], progress=lambda _m: None) -> Path:  # type: ignore[no-untyped-def]
-    """The registry storage holding these images, built once per image set (cached by content)."""
-    built = [oci.build(i) for i in images]
-    key = paths.digest(*(f"{b.ref}@{b.digest}" for b in built), binary().name)[:16]
+    """The registry storage holding these images, built once per image set (cached by what the images
+    are made of, oci.fingerprint)."""
+    images = list(images)
+    key = paths.digest(*(oci.fingerprint(i) for i in images), str(binary()))[:16]
     root = paths.cache_root() / "registry" / f"images-{key}"
     if (root / ".complete").exists():
         return root
-    progress(f"registry: storing {len(built)} image(s) (once; cached by content)")
+    progress(f"registry: building and storing {len(images)} image(s) (once; cached)")
+    built = [oci.build(i) for i in images]
     tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

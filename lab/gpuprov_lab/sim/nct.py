@@ -34,13 +34,25 @@ REAL = (
 )
 
 
-# The one change the lab makes to NVIDIA's files, in the settings file NVIDIA provides for it: the
+# The one change the lab makes to NVIDIA's files, in the two settings files NVIDIA provides for it: the
 # disable-device-node-modification hook of a generated CDI spec reads the kernel module's
 # /proc/driver/nvidia/params inside the container, and a lab host's simulated module has none there (a
 # container's /proc is the machine's kernel's). Everything else of the spec is generated as on a real host.
 LAB_CDI_SETTINGS = (
     b"\n# gpuprov lab: the simulated kernel module has no /proc/driver/nvidia/params inside containers.\n"
     b"NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS=disable-device-node-modification\n"
+)
+
+
+# The same hook in the specs nvidia-container-runtime generates just in time (mode auto, a container
+# asking for GPUs by NVIDIA_VISIBLE_DEVICES, as the GPU Operator's validator does): its config.toml's
+# jit-cdi table names the hooks to leave out (api/config/v1/runtime.go, nvcdi-disable-hooks). The
+# package's postinst (`nvidia-ctk config --in-place`) fills in every other key around it.
+RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+LAB_RUNTIME_SETTINGS = (
+    b"# gpuprov lab: the simulated kernel module has no /proc/driver/nvidia/params inside containers.\n"
+    b"[nvidia-container-runtime.modes.jit-cdi]\n"
+    b'nvcdi-disable-hooks = ["disable-device-node-modification"]\n'
 )
 
 
@@ -101,6 +113,7 @@ def packages() -> list[SimPackage]:
     units = {f"/lib/systemd/system/{name}": SimFile(_real(f"systemd/{name}")) for name in UNITS}
     env_file = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
     units[env_file] = SimFile(_real("systemd/nvidia-cdi-refresh.env") + LAB_CDI_SETTINGS)
+    units[RUNTIME_CONFIG] = SimFile(LAB_RUNTIME_SETTINGS)
     return [
         SimPackage(
             name="libnvidia-container1",
@@ -147,7 +160,7 @@ def packages() -> list[SimPackage]:
                 "/usr/bin/nvidia-cdi-hook": SimFile(_real("bin/nvidia-cdi-hook"), 0o755),
                 **units,
             },
-            conffiles=[env_file],
+            conffiles=[env_file, RUNTIME_CONFIG],
             maintainer_scripts={
                 kind: script
                 for kind in ("preinst", "postinst", "prerm", "postrm")
