@@ -98,7 +98,7 @@ def kubernetes_settings(registry_host: str) -> dict[str, Any]:
         ignore.append("SystemVerification")
         settings["kubernetes_kubelet_config"] = {"failCgroupV1": False}
     settings["kubernetes_kubeadm_ignore_preflight_errors"] = ignore
-    settings.update(gpu_operator_settings())
+    settings.update(gpu_operator_settings(f"{registry_host}/{images.TOOLS_REPOSITORY}:{images.TOOLS_TAG}"))
     return settings
 
 
@@ -114,20 +114,85 @@ def node_feature_labels(debian_version: str) -> dict[str, str]:
     }
 
 
-# Where the operands see the mock NVML's configuration of their host (gpuprovsim.boot.OPERAND_VIEW).
-OPERAND_NVML = "/run/nvidia/gpuprov-lab/nvml.yaml"
+NODE_FEATURES = "gpuprov-lab-node-features"
+NODE_FEATURES_SCRIPT = Path(__file__).resolve().parent / "kube" / "files" / "node-features.sh"
+
+
+def node_features_objects(namespace: str, image: str) -> list[dict[str, Any]]:
+    """The stand-in for NFD's master (kube/files/node-features.sh, SIMULATED): one pod that puts the
+    labels GPU feature discovery publishes (NodeFeature objects) on their nodes, with a service account
+    allowed to do just that."""
+    meta = {"name": NODE_FEATURES, "labels": {"app": NODE_FEATURES, "gpuprov.io/lab": "simulated"}}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "update"]},
+                {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"], "verbs": ["get", "list"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": NODE_FEATURES,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": NODE_FEATURES, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {**meta, "namespace": namespace},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": NODE_FEATURES}},
+                "template": {
+                    "metadata": {"labels": {"app": NODE_FEATURES}},
+                    "spec": {
+                        "serviceAccountName": NODE_FEATURES,
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [
+                            {
+                                "name": "node-features",
+                                "image": image,
+                                "command": ["sh", "-c", NODE_FEATURES_SCRIPT.read_text()],
+                                "env": [
+                                    {
+                                        "name": "NAMESPACE",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+    ]
+
+
+# Where the operands see the mock NVML's configuration of their host (gpuprovsim.kmod.OPERAND_NVML).
+OPERAND_NVML = "/sys/module/nvidia/gpuprov-lab/nvml.yaml"
 
 
 def _env(**values: str) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
-def gpu_operator_settings() -> dict[str, Any]:
+def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> dict[str, Any]:
     """The GPU Operator's values in the lab, in the inventory (gpu_operator_values), each for a reason
     docs/lab.md gives:
 
     - NFD, DCGM and the DCGM exporter are off: none of their images can be built here. The GPU nodes
       carry the labels NFD would give them and the operator reads (node_feature_labels).
+    - GPU feature discovery's labels reach the node through NFD's master, which is off: a labelled
+      stand-in (node_features_objects) puts them on, installed with the chart (its extraObjects).
     - The validator's /dev/char links are off (NVIDIA's documented switch): it finds the NVIDIA
       character devices in /proc/devices, which is the machine's kernel's in any container here, and
       that kernel has no NVIDIA module.
@@ -146,6 +211,7 @@ def gpu_operator_settings() -> dict[str, Any]:
                 "cuda": {"env": _env(WITH_WORKLOAD="false")},
                 "plugin": {"env": _env(WITH_WORKLOAD="false")},
             },
+            "extraObjects": node_features_objects(namespace, tools_image),
             "devicePlugin": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
             "gfd": {"env": _env(MOCK_NVML_CONFIG=OPERAND_NVML)},
             "migManager": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},

@@ -128,7 +128,8 @@ def nvidia_smi() -> dict[str, Entry]:
     return {f"/{vendor.NVIDIA_SMI_PATH}": Entry(source=vendor.nvidia_smi(), mode=0o755)}
 
 
-# The lab's own image for test workloads: a shell and NVIDIA's nvidia-smi, served by the lab's
+# The lab's own image for test workloads and its stand-ins: a shell, NVIDIA's nvidia-smi and kubectl,
+# served by the lab's
 # registry under its own address (the inventory makes containerd reach that address over HTTP).
 TOOLS_REPOSITORY = "gpuprov-lab/tools"
 TOOLS_TAG = "1"
@@ -138,6 +139,7 @@ def tools_image() -> Image:
     img = Image(ref=f"{TOOLS_REPOSITORY}:{TOOLS_TAG}", cmd=["sh"], env=[f"PATH={BUSYBOX_PATH}"])
     img.files.update(glibc_busybox())
     img.files.update(nvidia_smi())
+    img.files["/usr/bin/kubectl"] = Entry(source=vendor.kubectl(), mode=0o755)  # the lab's stand-ins' client
     return img
 
 

@@ -73,7 +73,9 @@ def fingerprint(image: Image) -> str:
     """What the image is made of, cheaply: its config and each file's path, mode and source (a file on
     this machine by path, size and mtime; bytes by digest). Equal fingerprints build equal images."""
     h = hashlib.sha256()
-    h.update(json.dumps([image.ref, image.entrypoint, image.cmd, image.env, image.labels, image.user]).encode())
+    h.update(
+        json.dumps([image.ref, image.entrypoint, image.cmd, image.env, image.labels, image.user]).encode()
+    )
     for path in sorted(image.files):
         e = image.files[path]
         if e.link_to is not None:

@@ -305,26 +305,12 @@ def boot(host: core.Host) -> int:
         _bind_file(host, run / "proc-modules", "/proc/modules", problems)
     elif not host.on_host:
         (host.p("/proc")).mkdir(exist_ok=True)
-    _expose_to_operands(host, run, problems)
     coldplug(host)
     watch.sync(host)
     for p in problems:
         sys.stderr.write(f"gpuprov-lab-hardware: {p}\n")
     essential = [p for p in problems if "/sys/bus/pci/devices" in p or "boot_id" in p]
     return 1 if essential else 0
-
-
-# Where the GPU Operator's operands find the lab's state: they reach the host through /run/nvidia
-# (GPU feature discovery mounts only it and /sys), so the mock NVML's configuration is there too; the
-# lab's inventory names it in their MOCK_NVML_CONFIG.
-OPERAND_VIEW = "/run/nvidia/gpuprov-lab"
-
-
-def _expose_to_operands(host: core.Host, run: Path, problems: list[str]) -> None:
-    target = host.p(OPERAND_VIEW)
-    target.mkdir(parents=True, exist_ok=True)
-    if host.on_host and not _is_mountpoint(target) and (msg := _mount(host, "--bind", str(run), str(target))):
-        problems.append(f"{OPERAND_VIEW}: {msg}")
 
 
 def coldplug(host: core.Host) -> None:

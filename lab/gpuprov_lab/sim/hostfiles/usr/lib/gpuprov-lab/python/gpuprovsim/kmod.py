@@ -468,6 +468,16 @@ def _render_nvml(host: core.Host, st: dict[str, Any]) -> None:
         tmp.write_text(text)
         tmp.chmod(0o644)
         os.replace(tmp, target)
+    # The same file in the simulated module's sysfs directory (a lab-only file): the GPU Operator's
+    # operands see the host's /sys and little else of it, and the lab's inventory points their
+    # MOCK_NVML_CONFIG here. It goes away with the module, as NVML's answers do.
+    module_dir = host.p(OPERAND_NVML).parent
+    if module_dir.parent.is_dir():
+        core.write_text(host.p(OPERAND_NVML), text, 0o444)
+
+
+# Where operands read the mock NVML's configuration (/sys/module/nvidia exists while the module is loaded).
+OPERAND_NVML = "/sys/module/nvidia/gpuprov-lab/nvml.yaml"
 
 
 def _render_sys_module(host: core.Host, st: dict[str, Any]) -> None:
