@@ -24,8 +24,9 @@ KINDS = GPU_KINDS + HOST_KINDS
 CLEAR = "clear"
 DEFAULT_XID = 79
 MAX_XID = 999
-# drain-block is carried out by the host's simulated kubelet on its next sync (a pod that a
-# PodDisruptionBudget protects, in this namespace; see sim/kube_let.py). ``lab fault`` waits for it.
+# drain-block: a pod on the host's node that a PodDisruptionBudget protects (minAvailable 1 of 1), made
+# through the cluster's API from the control plane, so that a real `kubectl drain` cannot evict it.
+# ``lab fault`` waits until it runs; ``clear`` deletes it.
 DRAIN_BLOCK_NS = "gpuprov-lab"
 DRAIN_BLOCK_TIMEOUT = 90.0
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
@@ -113,8 +114,71 @@ def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | No
             write_faults(lp, host, current)
             now = current
     if any(f.get("kind") == "drain-block" for f in current):  # added now, or there before a clear
-        wait_drain_block(st, host, blocked=any(f.get("kind") == "drain-block" for f in now))
+        blocked = any(f.get("kind") == "drain-block" for f in now)
+        if _kubectl(st, "apply" if blocked else "delete --ignore-not-found --wait=false",
+                    _drain_block_objects(st, host)) is not None:  # fmt: skip
+            wait_drain_block(st, host, blocked=blocked)
     return now
+
+
+def _drain_block_objects(st: state.LabState, host: str) -> str:
+    """The pod (the lab's tools image, pinned to the host's node) and the PodDisruptionBudget that keeps
+    it: every eviction is refused while it is the one pod its budget allows."""
+    from gpuprov_lab.kube import images, registry
+
+    name = f"drain-block-{host}"
+    labels = {"gpuprov.lab/fault": "drain-block", "gpuprov.lab/host": host}
+    docs = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRAIN_BLOCK_NS}},
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": DRAIN_BLOCK_NS, "labels": labels},
+            "spec": {
+                "nodeName": host,
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "block",
+                        "image": f"{st.gateway}:{registry.PORT}/{images.TOOLS_REPOSITORY}:{images.TOOLS_TAG}",
+                        "command": ["sleep", "2147483647"],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": DRAIN_BLOCK_NS},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
+        },
+    ]
+    if not any(f.get("kind") == "drain-block" for f in read_faults(st.paths, host)):
+        docs = docs[1:]  # the namespace stays for other hosts' faults
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+
+
+def _kubectl(st: state.LabState, verb: str, manifest: str) -> str | None:
+    """`kubectl VERB -f -` with a manifest on the control plane; its output, or None when there is no
+    cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
+    from gpuprov_lab import fleet
+    from gpuprov_lab.plan import CONTROL_PLANE
+
+    if is_unreachable(st.paths, CONTROL_PLANE):
+        return None
+    cp = st.host(CONTROL_PLANE)
+    cmd = f"test -f {ADMIN_CONF} || exit 3; kubectl --kubeconfig {ADMIN_CONF} {verb} -f -"
+    try:
+        res = subprocess.run(fleet.ssh_argv(st, cp.ip, cmd), input=manifest, capture_output=True, text=True,
+                             check=False, timeout=60)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    if res.returncode == 3:
+        return None
+    if res.returncode != 0:
+        raise LabError(f"drain-block: kubectl {verb} on {CONTROL_PLANE}: {res.stderr.strip()[-300:]}")
+    return res.stdout
 
 
 def _blocking_pods(st: state.LabState, host: str) -> list[dict[str, Any]] | None:

@@ -9,6 +9,7 @@ containers share it, and ``modules.builtin`` is written for its release).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -266,9 +267,21 @@ def host_runc_wrapper() -> str:
     return source.replace('REAL_RUNC = "/usr/sbin/runc"', 'REAL_RUNC = "/usr/sbin/runc.distrib"', 1)
 
 
+# NVIDIA's nvidia-mig-parted in every host, for the lab's MIG front end to parse configs with (the
+# nvidia-mig-manager package brings its own copy to hosts outside Kubernetes).
+HOST_MIG_PARTED = "usr/lib/gpuprov-lab/bin/nvidia-mig-parted.real"
+
+
 def host_image_tag(base: str, archive_key: bytes) -> str:
+    from gpuprov_lab import vendor
+
     digest = paths.digest(
-        dockerfile_text(base), SSHD_CONF, archive_key, host_runc_wrapper(), *paths.tree_manifest(HOSTFILES)
+        dockerfile_text(base),
+        SSHD_CONF,
+        archive_key,
+        host_runc_wrapper(),
+        hashlib.sha256(vendor.mig_parted().read_bytes()).hexdigest(),
+        *paths.tree_manifest(HOSTFILES),
     )
     return f"{HOST_REPO}:{digest[:16]}"
 
@@ -293,6 +306,10 @@ def ensure_host_image(docker: Docker, base: str, archive_key: bytes, progress: P
         wrapper.parent.mkdir(parents=True, exist_ok=True)
         wrapper.write_text(host_runc_wrapper())
         wrapper.chmod(0o755)
+        from gpuprov_lab import vendor
+
+        shutil.copyfile(vendor.mig_parted(), ctx / "hostfiles" / HOST_MIG_PARTED)
+        (ctx / "hostfiles" / HOST_MIG_PARTED).chmod(0o755)
         (ctx / "gpuprov-lab-archive.gpg").write_bytes(archive_key)
         (ctx / "sshd-gpuprov-lab.conf").write_text(SSHD_CONF)
         (ctx / "Dockerfile").write_text(dockerfile_text(base))

@@ -54,6 +54,15 @@ class Lab:
     known_hosts: Path
     mirror_url: str
     mirror_key_fingerprint: str
+    registry_url: str = ""
+
+    @property
+    def tools_image(self) -> str:
+        """The lab's own image (a shell, NVIDIA's nvidia-smi, kubectl) by the lab registry's address."""
+        from gpuprov_lab.kube import images
+
+        host = self.registry_url.split("://", 1)[-1]
+        return f"{host}/{images.TOOLS_REPOSITORY}:{images.TOOLS_TAG}"
 
     def ssh_argv(
         self, host: str, command: str, known_hosts: Path | None = None, timeout: int = 10
@@ -120,6 +129,7 @@ def lab_from_inventory(name: str, inventory: Path) -> Lab:
         known_hosts=Path(known),
         mirror_url=common["gpuprov_mirror_url"],
         mirror_key_fingerprint=common["gpuprov_mirror_key_fingerprint"],
+        registry_url=common.get("gpuprov_registry_mirror_url", ""),
     )
 
 

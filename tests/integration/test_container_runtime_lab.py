@@ -9,7 +9,8 @@ Debian 13's 1.7, sid's 2.x): what the real components say.
 - the CDI spec is the one the real nvidia-ctk generated (through NVIDIA's own nvidia-cdi-refresh)
   against NVIDIA's mock NVML: one device per GPU of the host;
 - on the containerd 1.7 and 2.x hosts, a real container started by the real containerd through the real
-  nvidia-container-runtime in CDI mode (no nvidia-container-cli) sees the GPUs' device nodes.
+  nvidia-container-runtime in CDI mode (no nvidia-container-cli) sees the GPUs' device nodes;
+- in the real cluster, a pod asking for one GPU gets exactly one, through the real device plugin.
 """
 
 from __future__ import annotations
@@ -126,11 +127,15 @@ ctr -n gpuprov-test run --rm \
 
 
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+# NVIDIA's mock NVML reads the host's GPUs from MOCK_NVML_CONFIG, which a container gets from its pod:
+# the lab's GPU pods mount the simulated module's sysfs directory, where the lab keeps that file.
+MOCK_DIR = "/sys/module/nvidia/gpuprov-lab"
 
 
 def _run_gpu_pod(lab: Any, host: str) -> tuple[bool, str]:
-    """A pod on ``host`` that requests one nvidia.com/gpu, without runtimeClassName, and lists
-    /dev/nvidia*: (whether it succeeded, its log or why it did not)."""
+    """A pod on ``host`` that requests one nvidia.com/gpu, without runtimeClassName, and lists its
+    /dev/nvidia* and, with NVIDIA's own nvidia-smi, its GPUs: (whether it succeeded, its log or why
+    it did not)."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -140,12 +145,15 @@ def _run_gpu_pod(lab: Any, host: str) -> tuple[bool, str]:
             "restartPolicy": "Never",
             "containers": [
                 {
-                    "name": "ls",
-                    "image": "registry.example/busybox:1",
-                    "command": ["sh", "-c", "ls /dev/nvidia*"],
+                    "name": "smi",
+                    "image": lab.tools_image,
+                    "command": ["sh", "-c", "ls /dev/nvidia*; nvidia-smi -L"],
+                    "env": [{"name": "MOCK_NVML_CONFIG", "value": "/lab/nvml.yaml"}],
                     "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    "volumeMounts": [{"name": "lab", "mountPath": "/lab", "readOnly": True}],
                 }
             ],
+            "volumes": [{"name": "lab", "hostPath": {"path": MOCK_DIR}}],
         },
     }
     name = pod["metadata"]["name"]
@@ -164,23 +172,37 @@ def _run_gpu_pod(lab: Any, host: str) -> tuple[bool, str]:
         lab.ssh("cp1", f"{KUBECTL} delete pod {name} --ignore-not-found --wait=false")
 
 
-def test_a_plain_pod_gets_its_gpu_on_every_gpu_node(bootstrapped: Any) -> None:
-    """A pod that requests nvidia.com/gpu without runtimeClassName: the lab kubelet decides what its
-    container sees from the device plugin's settings (as the real operator set them from the
-    ClusterPolicy the real chart rendered), the host's real `containerd config dump` and the real CDI
-    specs (lab/gpuprov_lab/sim/kube_gpu.py)."""
+def _host_gpus(lab: Any, host: str) -> dict[str, str]:
+    """UUID → model of the host's GPUs, as nvidia-smi -L lists them on the host."""
+    out = lab.ssh(host, "nvidia-smi -L").stdout
+    return {m[2]: m[1] for m in re.finditer(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", out, re.M)}
+
+
+def _check_one_gpu(lab: Any, host: str, logs: str) -> None:
+    """The pod saw one GPU device node and nvidia-smi listed one GPU: one of its host's."""
+    nodes = re.findall(r"/dev/nvidia\d+$", logs, re.M)
+    listed = re.findall(r"^GPU 0: (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", logs, re.M)
+    assert len(nodes) == 1 and "/dev/nvidiactl" in logs, (host, logs)
+    assert len(listed) == 1 and "GPU 1:" not in logs, (host, logs)
+    model, uuid = listed[0]
+    assert _host_gpus(lab, host).get(uuid) == model, (host, logs)
+
+
+def test_a_pod_that_asks_for_one_gpu_sees_exactly_one_of_its_hosts(bootstrapped: Any) -> None:
+    """The real device plugin allocates a GPU; the host's real nvidia-container-runtime (containerd's
+    default runtime on this fleet) injects it; inside, NVIDIA's nvidia-smi over the mock NVML lists
+    exactly that GPU, because the container has just its device node."""
     lab = bootstrapped.lab
     for host in _gpu_hosts(lab):
         ok, logs = _run_gpu_pod(lab, host)
         assert ok, (host, logs)
-        assert re.search(r"/dev/nvidia\d", logs), (host, logs)
-        assert "/dev/nvidiactl" in logs, (host, logs)
+        _check_one_gpu(lab, host, logs)
 
 
 def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(bootstrapped: Any) -> None:
-    """Why the role chooses cdi.enabled for the whole fleet: with it on, the device plugin hands GPUs
-    out only as CDI devices (its own spec, which it writes with the host's nvidia-ctk), so a
-    containerd 1.6 host's pods get none, while the Debian 13 hosts' (CDI on) do."""
+    """Why the role chooses cdi.enabled for the whole fleet: with it on, the real device plugin hands
+    GPUs out as CDI devices (its own spec, written with NVIDIA's CDI library), which containerd 1.7 and
+    2.x inject and containerd 1.6 cannot: that host's pods get no GPU device."""
     lab = bootstrapped.lab
 
     def patch(on: bool) -> str:
@@ -191,30 +213,36 @@ def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(bootst
     assert policy.returncode == 0, policy.stderr
     assert json.loads(policy.stdout)["spec"]["cdi"]["enabled"] is False  # the fleet has a 1.6 host
     wait_rollout = (
-        f"{KUBECTL} -n gpu-operator rollout status ds/nvidia-device-plugin-daemonset --timeout=120s"
+        f"{KUBECTL} -n gpu-operator rollout status ds/nvidia-device-plugin-daemonset --timeout=180s"
     )
     try:
         res = lab.ssh("cp1", patch(True))
         assert res.returncode == 0, res.stderr
-        assert lab.ssh("cp1", wait_rollout, timeout=180).returncode == 0
-        env = lab.ssh(
-            "cp1",
-            f"{KUBECTL} -n gpu-operator get ds nvidia-device-plugin-daemonset "
-            "-o jsonpath='{.spec.template.spec.containers[0].env}'",
-        ).stdout
+        env = ""
+        for _ in range(60):
+            env = lab.ssh(
+                "cp1",
+                f"{KUBECTL} -n gpu-operator get ds nvidia-device-plugin-daemonset "
+                "-o jsonpath='{.spec.template.spec.containers[0].env}'",
+            ).stdout
+            if "cdi-annotations,cdi-cri" in env:
+                break
+            time.sleep(2)
         assert {"name": "DEVICE_LIST_STRATEGY", "value": "cdi-annotations,cdi-cri"} in json.loads(env)
+        assert lab.ssh("cp1", wait_rollout, timeout=240).returncode == 0
         for host in _gpu_hosts(lab):
             ok, logs = _run_gpu_pod(lab, host)
             if lab.hosts[host].os == "bookworm":
-                assert not ok and "only as CDI devices" in logs, (host, logs)
+                assert not re.search(r"/dev/nvidia\d+$", logs, re.M), (host, logs)
                 continue
             assert ok, (host, logs)
-            assert re.search(r"/dev/nvidia\d", logs) and "CDI" in logs, (host, logs)
+            _check_one_gpu(lab, host, logs)
             spec = lab.ssh(host, "cat /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json")
             assert json.loads(spec.stdout)["kind"] == "k8s.device-plugin.nvidia.com/gpu", host
     finally:
         lab.ssh("cp1", patch(False))
-        lab.ssh("cp1", wait_rollout, timeout=180)
+        time.sleep(5)
+        lab.ssh("cp1", wait_rollout, timeout=240)
 
 
 # A host provisioned the old way: containerd's own default configuration with the nvidia runtime

@@ -1,15 +1,16 @@
-"""`gpuprov lab fault HOST drain-block` returns once the fault is in force (or gone, after clear): the
-simulated kubelet carries it out on its next sync, and a drain started before that would not be blocked."""
+"""`gpuprov lab fault HOST drain-block`: a pod on the host's node that a PodDisruptionBudget keeps, made
+through the cluster's API; the command returns once it runs (or is gone, after clear), since a drain
+started before that would not be blocked."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from gpuprov_lab import faults
 from gpuprov_lab.errors import LabError
 from gpuprov_lab.plan import PlannedHost
-from gpuprov_lab.sim import kube_let
 from gpuprov_lab.state import LabState
 
 
@@ -28,8 +29,23 @@ def _pod(ready: str) -> dict[str, Any]:
     }
 
 
-def test_the_namespace_is_the_simulated_kubelets() -> None:
-    assert faults.DRAIN_BLOCK_NS == kube_let.DRAIN_BLOCK_NS
+def test_the_blocking_pod_is_pinned_to_the_node_and_its_budget_allows_no_eviction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(faults, "read_faults", lambda lp, host: [{"kind": "drain-block"}])
+    docs = json.loads(faults._drain_block_objects(_lab(), "gpu1"))["items"]
+    assert [d["kind"] for d in docs] == ["Namespace", "Pod", "PodDisruptionBudget"]
+    ns, pod, pdb = docs
+    assert ns["metadata"]["name"] == faults.DRAIN_BLOCK_NS == pod["metadata"]["namespace"]
+    assert pod["spec"]["nodeName"] == "gpu1"
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": pod["metadata"]["labels"]}}
+    assert pod["metadata"]["labels"]["gpuprov.lab/fault"] == "drain-block"
+    # On clear the pod and its budget go; the namespace stays for other hosts' faults.
+    monkeypatch.setattr(faults, "read_faults", lambda lp, host: [])
+    assert [d["kind"] for d in json.loads(faults._drain_block_objects(_lab(), "gpu1"))["items"]] == [
+        "Pod",
+        "PodDisruptionBudget",
+    ]
 
 
 class ControlPlane:

@@ -100,6 +100,7 @@ def glibc_busybox() -> dict[str, Entry]:
     """What the operand images stand on: Debian's glibc (the vendored dynamic binaries load it) and a
     static busybox at /busybox with its applets, /bin/sh being busybox's, as NVIDIA's images carry it."""
     files = merged_usr()
+    files["/tmp"] = Entry(directory=True, mode=0o1777)
     files.update(debian_files("libc6", "libgcc-s1"))
     busybox = debian.unpacked(SUITE, "busybox-static").path("usr/bin/busybox")
     from gpuprov_lab import proc
@@ -184,6 +185,15 @@ def device_plugin_image() -> Image:
     return img
 
 
+MIG_PARTED_LAUNCHER = """#!/bin/sh
+# nvidia-mig-parted: SIMULATED (gpuprov lab) launcher. On a lab host (the MIG manager runs this copy
+# through chroot /host) the lab's front end answers for the simulated GPUs; elsewhere NVIDIA's binary.
+front=/usr/lib/gpuprov-lab/bin/nvidia-mig-parted
+if [ -x "$front" ]; then exec "$front" "$@"; fi
+exec /usr/bin/nvidia-mig-parted.real "$@"
+"""
+
+
 def mig_manager_image() -> Image:
     """nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0 (deployments/container/Dockerfile of the tag)."""
     img = Image(
@@ -198,7 +208,11 @@ def mig_manager_image() -> Image:
     img.files["/usr/bin/nvidia-mig-manager"] = Entry(
         source=binaries.unpacked("mig-parted", "nvidia-mig-manager"), mode=0o755
     )
-    img.files["/usr/bin/nvidia-mig-parted"] = Entry(source=vendor.mig_parted(), mode=0o755)
+    # MIG on the lab's GPUs is simulated: the manager runs nvidia-mig-parted on the host (chroot /host,
+    # the host's driver being its own), where this launcher hands over to the lab's front end; anywhere
+    # else NVIDIA's binary answers.
+    img.files["/usr/bin/nvidia-mig-parted"] = Entry(content=MIG_PARTED_LAUNCHER.encode(), mode=0o755)
+    img.files["/usr/bin/nvidia-mig-parted.real"] = Entry(source=vendor.mig_parted(), mode=0o755)
     img.files["/usr/bin/nvidia-ctk"] = Entry(source=vendor.nvidia_ctk(), mode=0o755)
     return img
 

@@ -26,12 +26,13 @@ MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 @dataclass(frozen=True)
 class Entry:
-    """One file of an image: from a file on this machine, from bytes, or a symlink."""
+    """One file of an image: from a file on this machine, from bytes, a symlink, or a directory."""
 
     source: Path | None = None
     content: bytes | None = None
-    mode: int | None = None  # default: the source's mode, else 0o644
+    mode: int | None = None  # default: the source's mode, else 0o644 (0o755 for a directory)
     link_to: str | None = None
+    directory: bool = False
 
 
 @dataclass
@@ -78,7 +79,9 @@ def fingerprint(image: Image) -> str:
     )
     for path in sorted(image.files):
         e = image.files[path]
-        if e.link_to is not None:
+        if e.directory:
+            part = f"D {path} {e.mode}"
+        elif e.link_to is not None:
             part = f"L {path} {e.link_to}"
         elif e.content is not None:
             part = f"C {path} {e.mode} {hashlib.sha256(e.content).hexdigest()}"
@@ -125,8 +128,9 @@ def _tar_layer(files: dict[str, Entry]) -> bytes:
             entry = names[name]
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = EPOCH, 0, 0, "", ""
-            if entry is None:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            if entry is None or entry.directory:
+                info.type = tarfile.DIRTYPE
+                info.mode = entry.mode if entry is not None and entry.mode is not None else 0o755
                 tar.addfile(info)
             elif entry.link_to is not None:
                 info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.link_to, 0o777

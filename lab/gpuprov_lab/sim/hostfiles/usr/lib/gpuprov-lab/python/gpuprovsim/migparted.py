@@ -53,7 +53,14 @@ from typing import Any
 
 from gpuprovsim import core
 
-REAL = "/usr/bin/nvidia-mig-parted.distrib"
+# NVIDIA's binary: the nvidia-mig-manager package's (hosts outside Kubernetes), else the copy every lab
+# host image carries (Kubernetes nodes, where the GPU Operator's MIG manager runs this front end).
+REAL_PACKAGED = "/usr/bin/nvidia-mig-parted.distrib"
+REAL_IMAGE = "/usr/lib/gpuprov-lab/bin/nvidia-mig-parted.real"
+
+
+def real_path(host: core.Host) -> str:
+    return REAL_PACKAGED if os.access(host.p(REAL_PACKAGED), os.X_OK) else REAL_IMAGE
 # Handed to the real binary as they are.
 REAL_COMMANDS = {"generate-config", "checkpoint", "restore", "help", "h"}
 HOOK_POINTS = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
@@ -728,11 +735,9 @@ def to_yaml(spec: dict[str, Any]) -> str:
 
 
 def exec_real(host: core.Host, argv: list[str]) -> int:
-    real = host.p(REAL)
+    real = host.p(real_path(host))
     if not os.access(real, os.X_OK):
-        sys.stderr.write(
-            f"gpuprov lab: NVIDIA's nvidia-mig-parted is missing at {REAL} (install nvidia-mig-manager)\n"
-        )
+        sys.stderr.write(f"gpuprov lab: NVIDIA's nvidia-mig-parted is missing at {real_path(host)}\n")
         return 127
     sys.stdout.flush()
     return subprocess.run([str(real), *argv], check=False).returncode
@@ -740,7 +745,7 @@ def exec_real(host: core.Host, argv: list[str]) -> int:
 
 def _validate(host: core.Host, flags: dict[str, Any], config_text: str) -> int:
     """The real parser on the config (from stdin: the text already read); its own messages on failure."""
-    argv = [str(host.p(REAL)), "assert", "--valid-config", "--config-file", "-"]
+    argv = [str(host.p(real_path(host))), "assert", "--valid-config", "--config-file", "-"]
     if flags["selected-config"]:
         argv += ["--selected-config", flags["selected-config"]]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIG_PARTED_")}
@@ -770,7 +775,7 @@ def main(prog: str, argv: list[str]) -> int:
             sys.stdout.write(export(flags))
             return 0
         if not flags["config-file"]:
-            subprocess.run([str(host.p(REAL)), command, "--help"], check=False)
+            subprocess.run([str(host.p(real_path(host))), command, "--help"], check=False)
             raise Fatal("missing required flags 'config-file'")
         if flags["config-file"] == "-":
             config_text = sys.stdin.read()
