@@ -150,9 +150,7 @@ def packages() -> list[SimPackage]:
 FLANNEL_VERSION = "v0.27.4"
 # flannel's kube-flannel.yml of that release: served for the kubernetes role's flannel path (the lab's
 # own clusters use kubernetes_cni: bridge: flannel's images cannot be had here).
-FLANNEL_MANIFEST = (
-    Path(__file__).resolve().parent.parent / "sim" / "kubefiles" / "flannel" / "kube-flannel.yml"
-)
+FLANNEL_MANIFEST = FILES / "kube-flannel.yml"
 
 
 def chart_index(tgz: bytes, version: str) -> bytes:
