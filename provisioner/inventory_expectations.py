@@ -7,7 +7,9 @@ against them wherever a policy says nothing (policy values win):
 - `gpuprov_mig_strategy` (single, mixed; none: no expectation) → `mig.strategy`;
 - `gpuprov_gpu_sharing` (host/group var: a profile name, or none) with `gpuprov_gpu_sharing_profiles`
   (all: name → the device plugin's config document) → `gpu.sharing.strategy`, `gpu.sharing.replicas`;
-- `gpuprov_tenants` (all: a list of tenants, provisioner.tenants) → `tenants.quota`.
+- `gpuprov_tenants` (all: a list of tenants, provisioner.tenants) → `tenants.quota`;
+- `gpu_operator_values.dcgmExporter.enabled` (the GPU Operator's switch for its DCGM exporter, when the
+  inventory sets it) → `monitoring.dcgm_exporter` on GPU hosts.
 
 `declared(...)` returns {policy key: (value, source)}; the source names the inventory file that sets the
 knob ("inventory host_vars gpu1", "inventory group_vars gpu_nodes", "inventory hosts.yml"). A bad value
@@ -28,12 +30,14 @@ MIG_STRATEGY = "gpuprov_mig_strategy"
 SHARING = "gpuprov_gpu_sharing"
 SHARING_PROFILES = "gpuprov_gpu_sharing_profiles"
 TENANTS = "gpuprov_tenants"
+OPERATOR_VALUES = "gpu_operator_values"
 # Policy keys filled together: a policy that sets one of a group decides the whole group.
 GROUPS: tuple[tuple[str, ...], ...] = (
     ("mig.config",),
     ("mig.strategy",),
     ("gpu.sharing.strategy", "gpu.sharing.replicas"),
     ("tenants.quota",),
+    ("monitoring.dcgm_exporter",),
 )
 
 
@@ -114,6 +118,16 @@ def _sharing(hostvars: Mapping[str, Any], where: str, profiles_where: str) -> di
     return out
 
 
+def exporter_enabled(values: Any) -> bool | None:
+    """What chart values say of the GPU Operator's DCGM exporter: dcgmExporter.enabled when set (a
+    boolean), else None (the chart's default, true, unless something else installed the operator)."""
+    if not isinstance(values, Mapping):
+        return None
+    exporter = values.get("dcgmExporter")
+    enabled = exporter.get("enabled") if isinstance(exporter, Mapping) else None
+    return enabled if isinstance(enabled, bool) else None
+
+
 def declared(
     hostvars: Mapping[str, Any], *, host: str, groups: Sequence[str] = (), inventory: Path | None = None
 ) -> dict[str, tuple[Any, str]]:
@@ -136,6 +150,9 @@ def declared(
         at, source = where(SHARING)
         profiles_at, _ = where(SHARING_PROFILES)
         out.update({k: (v, source) for k, v in _sharing(hostvars, at, profiles_at).items()})
+    exporter = exporter_enabled(hostvars.get(OPERATOR_VALUES))
+    if exporter is not None and "gpu_nodes" in groups:
+        out["monitoring.dcgm_exporter"] = (exporter, where(OPERATOR_VALUES)[1])
     value = hostvars.get(TENANTS)
     if value is not None and not _templated(value):
         from provisioner.tenants import parse_tenants

@@ -97,9 +97,19 @@ class PlaybookResult:
 _STAGE_RANK = {"ok": 0, "changed": 1, "failed": 2, "unreachable": 3}
 
 
+# What ansible.builtin.command says of any command that exits non-zero: the command's own last words
+# (its stderr) say more.
+_COMMAND_FAILED = "non-zero return code"
+
+
 def _message(res: dict[str, Any]) -> str:
     """The most useful one-line reason from a task result."""
-    for key in ("msg", "stderr", "module_stderr", "stdout", "reason"):
+    keys = ("msg", "stderr", "module_stderr", "stdout", "reason")
+    if res.get("msg") == _COMMAND_FAILED and any(str(res.get(k) or "").strip() for k in ("stderr", "stdout")):
+        rc = res.get("rc")
+        detail = _message({k: res[k] for k in ("stderr", "stdout") if k in res})
+        return (f"exit {rc}: {detail}" if isinstance(rc, int) else detail)[:400]
+    for key in keys:
         value = res.get(key)
         if isinstance(value, str) and value.strip():
             lines = [line for line in value.strip().splitlines() if line.strip()]

@@ -200,6 +200,10 @@ def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> 
       cannot be built here. The validations themselves (driver, toolkit, CUDA, plugin) run.
     - The device plugin, GPU feature discovery and the MIG manager load NVIDIA's mock NVML, which reads
       the host's GPUs from MOCK_NVML_CONFIG: each is told where its mounts show that file.
+    - The device plugin's CDI specs (cdi.enabled) leave out the disable-device-node-modification hook
+      (its --cdi-disable-hooks, env CDI_DISABLE_HOOKS): the hook bind-mounts a modified copy of the
+      container's /proc/driver/nvidia/params, which a container here does not have (its /proc is the
+      machine's kernel's, without NVIDIA's module), so every container it is asked of fails to start.
     """
     return {
         "gpu_operator_values": {
@@ -212,7 +216,12 @@ def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> 
                 "plugin": {"env": _env(WITH_WORKLOAD="false")},
             },
             "extraObjects": node_features_objects(namespace, tools_image),
-            "devicePlugin": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
+            "devicePlugin": {
+                "env": _env(
+                    MOCK_NVML_CONFIG="/host" + OPERAND_NVML,
+                    CDI_DISABLE_HOOKS="disable-device-node-modification",
+                )
+            },
             "gfd": {"env": _env(MOCK_NVML_CONFIG=OPERAND_NVML)},
             "migManager": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
         },

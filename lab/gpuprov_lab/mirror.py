@@ -219,6 +219,7 @@ def sim_inputs_digest() -> str:
     parts = paths.tree_manifest(here / "sim") + paths.tree_manifest(here / "kube")
     for kind in VENDOR_INPUTS:
         parts += [f"vendor:{kind}", *paths.tree_manifest(vendor.artifact(kind))]
+    parts.append(f"pypi:{vendor.HELM_WHEEL}=={vendor.HELM_WHEEL_VERSION}")  # helm and kubectl
     return _digest(*parts)
 
 

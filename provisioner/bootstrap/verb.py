@@ -128,19 +128,16 @@ def expectations_for(host: Any, stages: list[str]) -> dict[str, Any]:
     if "gpu_operator" in stages and {"k8s_cluster", "kube_control_plane"} & set(host.groups):
         # What the operator was asked to set up: MIG layout and strategy, GPU sharing, tenants (declared in
         # the inventory) and, on GPU nodes, the DCGM exporter unless its values turn it off (the chart's
-        # dcgmExporter.enabled defaults to true: NVIDIA/gpu-operator v25.10.0 deployments/gpu-operator
+        # dcgmExporter.enabled defaults to true: NVIDIA/gpu-operator v26.7.0 deployments/gpu-operator
         # values.yaml).
-        from provisioner.inventory_expectations import declared
+        from provisioner.inventory_expectations import declared, exporter_enabled
 
         exp.update(
             {key: value for key, (value, _source) in declared(hv, host=host.name, groups=host.groups).items()}
         )
         if gpu_host:
             values = _effective(hv, "gpu_operator", "gpu_operator_values")
-            exporter = values.get("dcgmExporter") if isinstance(values, dict) else None
-            exp["monitoring.dcgm_exporter"] = not (
-                isinstance(exporter, dict) and exporter.get("enabled") is False
-            )
+            exp["monitoring.dcgm_exporter"] = exporter_enabled(values) is not False
     if services:
         exp["services.active"] = sorted(set(services))
     return exp

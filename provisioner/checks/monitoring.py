@@ -82,6 +82,14 @@ def dcgm_exporter(facts: HostFacts, exp: Expectations) -> list[Finding]:
     where = f"({_where(exp)})"
     probe = _probe(facts)
     if not probe.pods:
+        if exp.dcgm_exporter is None:
+            # The operator labels every GPU node for its exporter whether or not the ClusterPolicy runs one
+            # (dcgmExporter.enabled: false leaves the label): without a declaration, no pod is no verdict.
+            raise Unavailable(
+                SKIP,
+                f"no DCGM exporter pod on node {node}, and monitoring.dcgm_exporter is not declared (the "
+                "GPU Operator may run without its exporter; declare it to have this judged)",
+            )
         return [outcome(FAIL, f"no DCGM exporter pod ({DCGM_EXPORTER_LABEL}) on node {node} {where}")]
     scrape = probe.scrape
     if scrape is None:

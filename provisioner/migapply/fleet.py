@@ -223,10 +223,17 @@ class MigFleet:
             raise StepFailed(f"kubectl delete the MIG manager pod on {node}: {last_line(res.stderr)}")
 
     def manager_log(self, node: str, lines: int = 5) -> str:
-        """The last lines of the node's MIG manager log (best effort: what it said about a failure)."""
+        """The last lines of the node's MIG manager log (best effort: what it said about a failure).
+        `kubectl logs` takes a pod, not a field selector: the node's manager pod is looked up first."""
+        found = self.kube.kubectl(
+            "get", "pods", "-n", self.namespace, "-l", f"app={MANAGER_APP}",
+            "--field-selector", f"spec.nodeName={node}", "-o", "jsonpath={.items[*].metadata.name}",
+        )  # fmt: skip
+        pods = found.stdout.split() if found.rc == 0 else []
+        if not pods or not valid_node_name(pods[0]):
+            return ""
         res = self.kube.kubectl(
-            "logs", "-n", self.namespace, "-l", f"app={MANAGER_APP}", "-c", MANAGER_APP,
-            f"--tail={lines}", "--field-selector", f"spec.nodeName={node}",
+            "logs", "-n", self.namespace, "-c", MANAGER_APP, f"--tail={lines}", "--", pods[0]
         )  # fmt: skip
         return res.stdout.strip() if res.rc == 0 else ""
 

@@ -19,10 +19,12 @@ import json
 import re
 import time
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from gpuprov_lab.testkit import gpuprov
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "bootstrapped"  # see tests/conftest.py
@@ -175,7 +177,7 @@ def _run_gpu_pod(lab: Any, host: str) -> tuple[bool, str]:
 def _host_gpus(lab: Any, host: str) -> dict[str, str]:
     """UUID → model of the host's GPUs, as nvidia-smi -L lists them on the host."""
     out = lab.ssh(host, "nvidia-smi -L").stdout
-    return {m[2]: m[1] for m in re.finditer(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", out, re.M)}
+    return {m[3]: m[2] for m in re.finditer(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", out, re.M)}
 
 
 def _check_one_gpu(lab: Any, host: str, logs: str) -> None:
@@ -199,22 +201,37 @@ def test_a_pod_that_asks_for_one_gpu_sees_exactly_one_of_its_hosts(bootstrapped:
         _check_one_gpu(lab, host, logs)
 
 
-def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(bootstrapped: Any) -> None:
+def _bootstrap_operator(inventory: Path) -> None:
+    res = gpuprov("bootstrap", "-i", str(inventory), "--only", "gpu_operator", "--yes", timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(
+    bootstrapped: Any, tmp_path: Path
+) -> None:
     """Why the role chooses cdi.enabled for the whole fleet: with it on, the real device plugin hands
     GPUs out as CDI devices (its own spec, written with NVIDIA's CDI library), which containerd 1.7 and
-    2.x inject and containerd 1.6 cannot: that host's pods get no GPU device."""
+    2.x inject and containerd 1.6 cannot: that host's pods get no GPU device.
+
+    Then the inventory takes the field back: the next values change upgrades the release with helm 4's
+    server-side apply, which refuses a field another manager (kubectl patch) changed unless the role
+    forces it (gpu_operator_helm_force_conflicts)."""
     lab = bootstrapped.lab
 
     def patch(on: bool) -> str:
         body = json.dumps({"spec": {"cdi": {"enabled": on}}})
         return f"{KUBECTL} patch clusterpolicies.nvidia.com cluster-policy --type merge -p '{body}'"
 
-    policy = lab.ssh("cp1", f"{KUBECTL} get clusterpolicies.nvidia.com cluster-policy -o json")
-    assert policy.returncode == 0, policy.stderr
-    assert json.loads(policy.stdout)["spec"]["cdi"]["enabled"] is False  # the fleet has a 1.6 host
+    def cdi_enabled() -> bool:
+        policy = lab.ssh("cp1", f"{KUBECTL} get clusterpolicies.nvidia.com cluster-policy -o json")
+        assert policy.returncode == 0, policy.stderr
+        return json.loads(policy.stdout)["spec"]["cdi"]["enabled"]
+
+    assert cdi_enabled() is False  # the fleet has a 1.6 host
     wait_rollout = (
         f"{KUBECTL} -n gpu-operator rollout status ds/nvidia-device-plugin-daemonset --timeout=180s"
     )
+    taken_back = False
     try:
         res = lab.ssh("cp1", patch(True))
         assert res.returncode == 0, res.stderr
@@ -239,8 +256,21 @@ def test_with_cdi_only_hosts_whose_containerd_has_cdi_give_pods_their_gpu(bootst
             _check_one_gpu(lab, host, logs)
             spec = lab.ssh(host, "cat /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json")
             assert json.loads(spec.stdout)["kind"] == "k8s.device-plugin.nvidia.com/gpu", host
+
+        # A values change (an annotation on the operator's pods) upgrades the release: cdi.enabled is
+        # the inventory's again. Then the lab's own inventory puts the release back as it was.
+        doc = yaml.safe_load(lab.inventory.read_text())
+        values = doc["all"]["vars"]["gpu_operator_values"]
+        values.setdefault("operator", {})["annotations"] = {"gpuprov.io/test": "take-back"}
+        changed = tmp_path / "inventory.yml"
+        changed.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+        _bootstrap_operator(changed)
+        assert cdi_enabled() is False
+        taken_back = True
+        _bootstrap_operator(lab.inventory)
     finally:
-        lab.ssh("cp1", patch(False))
+        if not taken_back:
+            lab.ssh("cp1", patch(False))
         time.sleep(5)
         lab.ssh("cp1", wait_rollout, timeout=240)
 

@@ -132,7 +132,8 @@ def test_exporter_connection_refused_fails_naming_it() -> None:
 
 
 def test_no_exporter_pod_and_pod_not_running_fail() -> None:
-    f = one(run(gpu_node(pods=False)), "monitoring.dcgm_exporter")
+    wanted = exp_from({"monitoring.dcgm_exporter": True})
+    f = one(run(gpu_node(pods=False), wanted), "monitoring.dcgm_exporter")
     assert f.status == "fail" and "no DCGM exporter pod" in f.detail
     f = one(run(gpu_node(phase="Pending")), "monitoring.dcgm_exporter")
     assert f.status == "fail" and "is Pending (ContainerCreating), not Running" in f.detail
@@ -177,6 +178,10 @@ def test_malicious_metric_text_is_an_error_shown_safely(extra: str, words: str) 
 def test_exporter_expectation_comes_from_the_operator_label_or_the_policy() -> None:
     f = one(run(gpu_node(labels={})), "monitoring.dcgm_exporter")
     assert f.status == "skip" and "gpu.deploy.dcgm-exporter=true" in f.detail
+    # The real operator labels every GPU node for its exporter even when the ClusterPolicy turns it off:
+    # the label alone with no exporter pod is no verdict.
+    f = one(run(gpu_node(pods=False)), "monitoring.dcgm_exporter")
+    assert f.status == "skip" and "not declared" in f.detail, f
     f = one(
         run(gpu_node(pods=False, labels={}), exp_from({"monitoring.dcgm_exporter": True})),
         "monitoring.dcgm_exporter",
@@ -418,6 +423,13 @@ def test_inventory_declarations_name_their_file_and_the_policy_wins(tmp_path: Pa
         "requests.nvidia.com/gpu": 8,
         "requests.nvidia.com/mig-1g.18gb": 14,
     }
+    assert "monitoring.dcgm_exporter" not in found  # the chart's default: nothing declared
+    off = {"gpu_operator_values": {"dcgmExporter": {"enabled": False}}}
+    assert (
+        declared(off, host="gpu1", groups=["gpu_nodes"], inventory=inv)["monitoring.dcgm_exporter"][0]
+        is False
+    )
+    assert "monitoring.dcgm_exporter" not in declared(off, host="cp1", groups=["kube_control_plane"])
     from provisioner.verification import Target, _expectations
 
     target = Target("gpu1", open=lambda: None, groups=("gpu_nodes",), vars=hostvars, inventory=inv)  # type: ignore[arg-type, return-value]

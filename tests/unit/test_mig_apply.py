@@ -387,3 +387,48 @@ def test_step_failed_in_cluster_read_is_bad_input(env: Path) -> None:
 
     with pytest.raises(InputError, match=r"cannot read the GPU Operator's MIG settings"):
         verb.run_mig_apply(inventory=env, fleet_factory=lambda **kw: Broken(FakeCluster(), **kw))  # type: ignore[arg-type]
+
+
+class _RecordingKubectl:
+    """kubectl that answers from a table of argv prefixes and records every call."""
+
+    def __init__(self, answers: dict[str, tuple[int, str]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, ...]] = []
+
+    def kubectl(self, *args: str, timeout: float = 60.0) -> Any:
+        from provisioner.executors import CommandResult
+
+        self.calls.append(args)
+        rc, out = self.answers.get(args[0], (1, ""))
+        return CommandResult(rc, out, "" if rc == 0 else "error", 0.0)
+
+
+def _fleet_with(kube: _RecordingKubectl) -> Any:
+    from provisioner.migapply.fleet import MigFleet
+
+    fleet = MigFleet.__new__(MigFleet)
+    fleet.namespace = "gpu-operator"
+    fleet.kube = kube  # type: ignore[assignment]
+    return fleet
+
+
+def test_manager_log_reads_the_nodes_manager_pod_by_name() -> None:
+    """Real kubectl takes no --field-selector on `logs`: the node's pod is looked up, then read by name."""
+    kube = _RecordingKubectl({"get": (0, "nvidia-mig-manager-x7k2p"), "logs": (0, "applying\nfailed\n")})
+    assert _fleet_with(kube).manager_log("gpu1", lines=3) == "applying\nfailed"
+    get, logs = kube.calls
+    assert get[:2] == ("get", "pods") and "spec.nodeName=gpu1" in get
+    assert (
+        logs[0] == "logs"
+        and "--field-selector" not in logs
+        and logs[-2:] == ("--", "nvidia-mig-manager-x7k2p")
+    )
+    assert "--tail=3" in logs
+
+
+@pytest.mark.parametrize("listing", ["", "-rf /", "Bad_Name"])
+def test_manager_log_reads_nothing_without_a_valid_pod_name(listing: str) -> None:
+    kube = _RecordingKubectl({"get": (0, listing), "logs": (0, "should not be read")})
+    assert _fleet_with(kube).manager_log("gpu1") == ""
+    assert [c[0] for c in kube.calls] == ["get"]

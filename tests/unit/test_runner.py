@@ -127,3 +127,27 @@ def test_the_record_keeps_no_secrets_and_is_private(result) -> None:
         for name in files:
             path = os.path.join(dirpath, name)
             assert os.path.islink(path) or stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+
+
+def test_a_failed_commands_reason_is_its_own_last_words() -> None:
+    """ansible.builtin.command says only "non-zero return code": the summary shows the command's exit
+    status and the last line it wrote to stderr instead (helm names the conflicting field there)."""
+    from provisioner.runner import _message
+
+    res = {
+        "msg": "non-zero return code",
+        "rc": 1,
+        "stdout": "",
+        "stderr": 'level=WARN msg="upgrade failed"\n'
+        'Error: UPGRADE FAILED: conflict with "kubectl-patch": .spec.cdi.enabled',
+    }
+    assert _message(res) == 'exit 1: Error: UPGRADE FAILED: conflict with "kubectl-patch": .spec.cdi.enabled'
+    assert _message({"msg": "non-zero return code", "rc": 2, "stderr": "", "stdout": "only stdout\n"}) == (
+        "exit 2: only stdout"
+    )
+    # Nothing better to say: the module's own message stays; other modules' messages are kept as they are.
+    assert (
+        _message({"msg": "non-zero return code", "rc": 3, "stderr": "", "stdout": ""})
+        == "non-zero return code"
+    )
+    assert _message({"msg": "Could not find the package", "stderr": "E: x"}) == "Could not find the package"
