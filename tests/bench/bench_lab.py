@@ -4,7 +4,12 @@ the same run.
 
 Run as a script (root, engine available), not collected by pytest:
 
-    .venv/bin/python tests/bench/bench_lab.py [--repeat 3] [--scratch]
+    .venv/bin/python tests/bench/bench_lab.py [--repeat 3] [--scratch] [--cluster]
+
+With --cluster it also times what the quick start does: lab up and the first bootstrap of the default
+lab onto real Kubernetes (kubeadm, the kubelets, helm and the GPU Operator), from warm caches and, with
+--scratch too, from empty ones. Its baseline is the same play run by raw `ansible-playbook` on a fresh
+lab of the same hosts (the floor of any tool driving these roles); target: ≤ 6 min from warm caches.
 
 Baselines: for `lab up`, plain `docker run` of as many bare systemd containers from the same image, waited
 until systemd is up (what any lab must at least do); for the set-up, one `debootstrap` of each Debian
@@ -34,6 +39,7 @@ from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
 
 TARGET_UP_S = 30.0
 TARGET_SCRATCH_S = 480.0
+TARGET_CLUSTER_S = 360.0
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -101,7 +107,63 @@ def bench_up(repeat: int, hosts: int) -> None:
     print(f"lab down: {down:.1f} s median")
 
 
-def bench_scratch(hosts: int) -> None:
+def _inventory(name: str) -> Path:
+    res = gpuprov("lab", "inventory", "--lab", name)
+    if res.returncode != 0:
+        raise SystemExit(f"gpuprov lab inventory failed:\n{res.stderr}")
+    return Path(res.stdout.strip().splitlines()[-1])
+
+
+def raw_site(inventory: Path) -> None:
+    """playbooks/site.yml through plain ansible-playbook, with the repository's ansible.cfg."""
+    from provisioner.runner import ansible_env, ansible_playbook_binary
+
+    env = {**os.environ, **ansible_env()}
+    env["PATH"] = f"{Path(ansible_playbook_binary()).parent}:{env.get('PATH', '')}"
+    res = subprocess.run(
+        [ansible_playbook_binary(), "-i", str(inventory), str(REPO / "playbooks" / "site.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if res.returncode != 0:
+        raise SystemExit(f"ansible-playbook site.yml failed (rc {res.returncode}):\n{res.stdout[-3000:]}")
+
+
+def cluster_run(hosts: int, raw: bool = False) -> tuple[float, float]:
+    """A fresh lab up, then its first bootstrap (gpuprov's, with verification) or the raw play:
+    (seconds for lab up, seconds for the bootstrap). The lab is taken down after."""
+    name = unique_lab_name("bc")
+    try:
+        t_up = timed(lambda: cli("lab", "up", "--lab", name, "--hosts", str(hosts)))
+        inventory = _inventory(name)
+        if raw:
+            t_boot = timed(lambda: raw_site(inventory))
+        else:
+            t_boot = timed(lambda: cli("bootstrap", "-i", str(inventory), "--yes", "--format", "json"))
+        return t_up, t_boot
+    finally:
+        cli("lab", "down", "--lab", name)
+
+
+def bench_cluster(hosts: int) -> None:
+    """Lab up + first bootstrap onto real Kubernetes from warm caches, against the raw play."""
+    warm = unique_lab_name("bw")
+    print(f"warming caches (image, mirror, registry) with lab {warm} ...", flush=True)
+    cli("lab", "up", "--lab", warm, "--hosts", "1")
+    cli("lab", "down", "--lab", warm)
+    up, boot = cluster_run(hosts)
+    print(f"  gpuprov: lab up {up:.1f} s, bootstrap {boot:.1f} s", flush=True)
+    raw_up, raw_boot = cluster_run(hosts, raw=True)
+    print(f"  baseline: lab up {raw_up:.1f} s, ansible-playbook site.yml {raw_boot:.1f} s", flush=True)
+    total, base = up + boot, raw_up + raw_boot
+    print(
+        f"lab up + bootstrap ({hosts} hosts, real Kubernetes, warm caches): {total:.1f} s "
+        f"(up {up:.1f} s, bootstrap {boot:.1f} s); baseline raw play on a fresh lab: {base:.1f} s; "
+        f"ratio {total / base:.2f}x; target ≤ {TARGET_CLUSTER_S:.0f} s: "
+        f"{'met' if total <= TARGET_CLUSTER_S else 'NOT met'} ({os.cpu_count()} cores)"
+    )
+
+
+def bench_scratch(hosts: int, cluster: bool = False) -> None:
     """Set-up from empty caches: a temporary cache root and no lab images in the engine."""
     if state.all_labs():
         raise SystemExit(f"--scratch needs no lab running (found: {', '.join(state.all_labs())})")
@@ -125,8 +187,12 @@ def bench_scratch(hosts: int) -> None:
                 docker("image", "rm", "-f", ref, check=False)
         name = unique_lab_name("s")
         os.environ["GPUPROV_CACHE_DIR"] = str(env_cache)
+        t_boot = 0.0
         try:
             t_setup = timed(lambda: cli("lab", "up", "--lab", name, "--hosts", str(hosts)))
+            if cluster:
+                inventory = _inventory(name)
+                t_boot = timed(lambda: cli("bootstrap", "-i", str(inventory), "--yes", "--format", "json"))
         finally:
             cli("lab", "down", "--lab", name)
             os.environ.pop("GPUPROV_CACHE_DIR")
@@ -137,6 +203,11 @@ def bench_scratch(hosts: int) -> None:
             f"target < {TARGET_SCRATCH_S:.0f} s: {'met' if t_setup < TARGET_SCRATCH_S else 'NOT met'} "
             f"({os.cpu_count()} cores)"
         )
+        if cluster:
+            print(
+                f"lab up + bootstrap from empty caches ({hosts} hosts, real Kubernetes): "
+                f"{t_setup + t_boot:.1f} s (set-up and up {t_setup:.1f} s, bootstrap {t_boot:.1f} s)"
+            )
     print(f"(caches in {paths.cache_root()} were not touched; lab images were rebuilt from the scratch run)")
 
 
@@ -145,13 +216,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--scratch", action="store_true", help="also time the set-up from empty caches (minutes)")
+    ap.add_argument("--cluster", action="store_true", help="also time lab up + first bootstrap (minutes)")
     args = ap.parse_args()
     reason = engine.unavailable_reason()
     if reason:
         raise SystemExit(f"the lab cannot run here: {reason}")
     bench_up(args.repeat, args.hosts)
+    if args.cluster:
+        bench_cluster(args.hosts)
     if args.scratch:
-        bench_scratch(args.hosts)
+        bench_scratch(args.hosts, cluster=args.cluster)
 
 
 if __name__ == "__main__":
