@@ -327,7 +327,7 @@ def top(
                              parallel=parallel, timeout=timeout, show=show)  # fmt: skip
     except KeyboardInterrupt:
         return 0
-    return 1 if once and any(s.error for s in last) else 0
+    return 1 if once and any(s.failed for s in last) else 0
 
 
 @app.command("upgrade-driver")

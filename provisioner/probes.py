@@ -26,6 +26,7 @@ from typing import Any
 import defusedxml
 import defusedxml.ElementTree as defused_et
 
+from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import first_line
 
 # A probe that decides it does not apply here (no kubeconfig, no dcgmi, no such config file)
@@ -815,11 +816,22 @@ class XidEvent:
     line: str
 
 
+# The Xid number is ASCII digits ending at a separator: "7²9" or "٧٩" are no Xid 7 or 79. Its size is
+# checked where it is read (xid_number): an absurd number is an error, not a line to skip.
 XID_LINE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)\): "
-    r"(?P<xid>\d+)\s*,?\s*(?P<msg>.*)$"
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9])?)\): "
+    r"(?P<xid>[0-9]+)(?=[\s,]|$)\s*,?\s*(?P<msg>.*)$"
 )
-_FALLEN = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d)")
+_FALLEN = re.compile(
+    r"NVRM: (?:The NVIDIA )?GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9])"
+)
+# NVIDIA's catalog of Xids stops below 200; four digits leave room for years of new ones.
+XID_MAX = 9999
+
+
+def xid_number(text: str) -> int:
+    """The number of an Xid line (XID_LINE's `xid`); HostNumberError when no driver would print it."""
+    return parse_int(text, lo=0, hi=XID_MAX, what="Xid")
 
 
 # dmesg "[   12.345678] ...", journalctl short-monotonic "[   12.345678] host kernel: ...", journalctl
@@ -843,7 +855,11 @@ def parse_kernel_log(text: str) -> list[XidEvent]:
             continue
         m = XID_LINE.search(line)
         if m:
-            events.append(XidEvent(int(m.group("xid")), m.group("pci").lower(), m.group("msg").strip(), line))
+            try:
+                xid = xid_number(m.group("xid"))
+            except HostNumberError as exc:
+                raise ParseError(f"kernel log line {i + 1}: {exc}") from None
+            events.append(XidEvent(xid, m.group("pci").lower(), m.group("msg").strip(), line))
             continue
         f = _FALLEN.search(line)
         if f:

@@ -9,13 +9,16 @@ then only new ones (journalctl --follow after the cursor it read up to, or dmesg
 neither exists, the shell re-reads dmesg each refresh and passes on only lines after those it already
 sent). The controller keeps a line buffer per host and reads only what arrived; it never re-reads a
 host's whole log. What a host prints is data: numbers are parsed strictly, names and messages are
-shown escaped, lines and records are bounded.
+shown escaped, lines and records are bounded. A reading that is not a number a GPU could report (other
+scripts' digits, thousands of digits, infinity, -273 C) is that GPU's error; an answer that is not
+nvidia-smi's is that host's error; neither stops the other hosts' rows.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import re
 import secrets
 import threading
@@ -27,6 +30,7 @@ from typing import Any
 
 from provisioner import probes as P
 from provisioner.executors import CommandStream, Executor, ExecutorError, OpenConnections
+from provisioner.hostnumbers import HostNumberError, is_index, parse_decimal, parse_int
 
 # The fields, in order. Names as `nvidia-smi --help-query-gpu` lists them (driver 580).
 QUERY_FIELDS = (
@@ -155,6 +159,7 @@ class GpuSample:
     power_limit_w: float | None
     event_reasons: int | None
     xids: list[int] = field(default_factory=list)  # Xid numbers of this boot, in log order
+    error: str | None = None  # what of this GPU's answer could not be read: its readings are not shown
 
     @property
     def slowdowns(self) -> list[str]:
@@ -164,7 +169,7 @@ class GpuSample:
         return [name for bit, name in EVENT_REASONS.items() if bits & bit]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "index": self.index,
             "uuid": self.uuid,
             "name": self.name,
@@ -180,6 +185,9 @@ class GpuSample:
             "slowdowns": self.slowdowns,
             "xids": self.xids,
         }
+        if self.error:
+            out["error"] = self.error
+        return out
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,11 @@ class HostSample:
     error: str | None = None
     duration_s: float = 0.0
 
+    @property
+    def failed(self) -> bool:
+        """The host, or one of its GPUs, could not be read."""
+        return bool(self.error) or any(g.error for g in self.gpus)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host": self.host, "gpus": [g.to_dict() for g in self.gpus]}
         if self.error:
@@ -196,88 +209,132 @@ class HostSample:
         return out
 
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# The range each reading can take on a real GPU, in nvidia-smi's units; a value outside it is no reading
+# but an error of that GPU. NVML reads temperatures as unsigned integers, and GPUs shut down far below
+# 150 C; 4 TiB of memory and 5 kW are several times the largest GPU made so far.
+READING_RANGES: dict[str, tuple[float, float]] = {
+    "utilization.gpu": (0, 100),
+    "utilization.memory": (0, 100),
+    "memory.used": (0, 4 * 1024 * 1024),
+    "memory.total": (0, 4 * 1024 * 1024),
+    "temperature.gpu": (0, 150),
+    "power.draw": (0, 5000),
+    "power.limit": (0, 5000),
+}
+MAX_GPU_INDEX = 4095
 _UNITS = (" %", " MiB", " W", " C")
 
 
-def _number(value: str, field_name: str) -> float | None:
+def _reading(value: str, field_name: str) -> float | None:
     """A field's number; None for what nvidia-smi prints when it has none ([N/A], [Not Supported], N/A).
-    Units are stripped, so the CSV with or without `nounits` reads the same."""
+    Units are stripped, so the CSV with or without `nounits` reads the same. HostNumberError for anything
+    but ASCII digits in the field's range."""
     v = value.strip()
     if v.startswith("[") or v in ("N/A", ""):
         return None
     for unit in _UNITS:
         if v.endswith(unit):
             v = v[: -len(unit)]
-    if not _NUMBER.fullmatch(v):
-        raise TopParseError(f"{field_name}: not a number: {value.strip()[:40]!r}")
-    return float(v)
+    lo, hi = READING_RANGES[field_name]
+    return parse_decimal(v, lo=lo, hi=hi, what=field_name)
 
 
-def parse_query(text: str) -> list[GpuSample]:
-    """`nvidia-smi --query-gpu=QUERY_FIELDS --format=csv,noheader[,nounits]`, one GPU per line."""
-    gpus: list[GpuSample] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(QUERY_FIELDS):
-            raise TopParseError(f"line {n}: {len(cells)} fields, {len(QUERY_FIELDS)} expected: {line[:80]!r}")
-        f = dict(zip(QUERY_FIELDS, cells, strict=True))
-        if not f["index"].isdigit():
-            raise TopParseError(f"line {n}: index: not a number: {f['index'][:20]!r}")
-        reasons = f["clocks_event_reasons.active"]
-        if re.fullmatch(r"0x[0-9a-fA-F]{1,16}", reasons):
-            event = int(reasons, 16)
-        elif reasons.startswith("[") or reasons == "N/A":
-            event = None
-        else:
-            raise TopParseError(f"line {n}: clocks_event_reasons.active: not a bit mask: {reasons[:30]!r}")
-        gpus.append(
-            GpuSample(
-                index=int(f["index"]),
-                uuid=f["uuid"],
-                name=f["name"],
-                bus_id=P.normalize_bus_id(f["pci.bus_id"]),
-                util_gpu=_number(f["utilization.gpu"], "utilization.gpu"),
-                util_mem=_number(f["utilization.memory"], "utilization.memory"),
-                mem_used_mib=_number(f["memory.used"], "memory.used"),
-                mem_total_mib=_number(f["memory.total"], "memory.total"),
-                temp_c=_number(f["temperature.gpu"], "temperature.gpu"),
-                power_w=_number(f["power.draw"], "power.draw"),
-                power_limit_w=_number(f["power.limit"], "power.limit"),
-                event_reasons=event,
-            )
-        )
+def _gpu_line(line: str, n: int) -> GpuSample:
+    """One GPU's line. TopParseError when the line is not one GPU's answer (the record cannot be trusted);
+    a reading that is no number, or impossible, is that GPU's error."""
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) != len(QUERY_FIELDS):
+        raise TopParseError(f"line {n}: {len(cells)} fields, {len(QUERY_FIELDS)} expected: {line[:80]!r}")
+    f = dict(zip(QUERY_FIELDS, cells, strict=True))
+    if not is_index(f["index"], hi=MAX_GPU_INDEX):
+        raise TopParseError(f"line {n}: index: not a number from 0 to {MAX_GPU_INDEX}: {f['index'][:20]!r}")
+    reasons = f["clocks_event_reasons.active"]
+    if re.fullmatch(r"0x[0-9a-fA-F]{1,16}", reasons):
+        event = int(reasons, 16)
+    elif reasons.startswith("[") or reasons == "N/A":
+        event = None
+    else:
+        raise TopParseError(f"line {n}: clocks_event_reasons.active: not a bit mask: {reasons[:30]!r}")
+    readings: dict[str, float | None] = {}
+    errors: list[str] = []
+    for name in READING_RANGES:
+        try:
+            readings[name] = _reading(f[name], name)
+        except HostNumberError as exc:
+            readings[name] = None
+            errors.append(str(exc))
+    used, total = readings["memory.used"], readings["memory.total"]
+    if used is not None and total is not None and used > total:
+        errors.append(f"memory.used: {used:g} MiB is more than memory.total, {total:g} MiB")
+    return GpuSample(
+        index=int(f["index"]),
+        uuid=f["uuid"],
+        name=f["name"],
+        bus_id=P.normalize_bus_id(f["pci.bus_id"]),
+        util_gpu=readings["utilization.gpu"],
+        util_mem=readings["utilization.memory"],
+        mem_used_mib=used,
+        mem_total_mib=total,
+        temp_c=readings["temperature.gpu"],
+        power_w=readings["power.draw"],
+        power_limit_w=readings["power.limit"],
+        event_reasons=event,
+        error="; ".join(errors) or None,
+    )
+
+
+def read_query(text: str) -> list[GpuSample]:
+    """`nvidia-smi --query-gpu=QUERY_FIELDS --format=csv,noheader[,nounits]`, one GPU per line; a GPU
+    whose readings are not numbers a GPU could report comes with its error. TopParseError when the text
+    is not that answer (a line of other fields, an index that is no GPU index, no GPU at all)."""
+    gpus = [_gpu_line(line, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not gpus:
         raise TopParseError("nvidia-smi listed no GPU")
     return gpus
 
 
-def xids_by_device(lines: Sequence[str]) -> dict[str, list[int]]:
+def parse_query(text: str) -> list[GpuSample]:
+    """As read_query, with any GPU's error raised (TopParseError naming its line)."""
+    gpus = read_query(text)
+    for n, g in enumerate(gpus, 1):
+        if g.error:
+            raise TopParseError(f"GPU {g.index} (line {n}): {g.error}")
+    return gpus
+
+
+def xids_by_device(lines: Sequence[str]) -> tuple[dict[str, list[int]], dict[str, str]]:
     """Xid numbers per PCI device key, matched as verification's gpu.xid matches them (probes' Xid line
-    pattern and PCI device key), in log order."""
+    pattern and PCI device key), in log order; and, per device, why an Xid line of it was unreadable
+    (a number no driver prints)."""
     by_device: dict[str, list[int]] = {}
+    unreadable: dict[str, str] = {}
     for line in lines:
         m = P.XID_LINE.search(line)
-        if m:
-            by_device.setdefault(P.pci_device(m.group("pci")), []).append(int(m.group("xid")))
-    return by_device
+        if not m:
+            continue
+        device = P.pci_device(m.group("pci"))
+        try:
+            by_device.setdefault(device, []).append(P.xid_number(m.group("xid")))
+        except HostNumberError as exc:
+            unreadable.setdefault(device, f"kernel log: an Xid line of this GPU is unreadable: {exc}")
+    return by_device, unreadable
 
 
 def attach_xids(gpus: list[GpuSample], log: str | Sequence[str]) -> list[GpuSample]:
-    """Each GPU with the Xids its PCI device reported this boot."""
-    by_device = xids_by_device(log.splitlines() if isinstance(log, str) else log)
-    return [
-        GpuSample(**{**g.__dict__, "xids": by_device.get(P.pci_device(g.bus_id), [])})  # type: ignore[arg-type]
-        for g in gpus
-    ]
+    """Each GPU with the Xids its PCI device reported this boot (an unreadable Xid line: its error)."""
+    by_device, unreadable = xids_by_device(log.splitlines() if isinstance(log, str) else log)
+    out = []
+    for g in gpus:
+        device = P.pci_device(g.bus_id)
+        error = "; ".join(e for e in (g.error, unreadable.get(device)) if e) or None
+        out.append(dataclasses.replace(g, xids=by_device.get(device, []), error=error))
+    return out
 
 
 def parse_sample(stdout: str) -> list[GpuSample]:
     """The one-shot SCRIPT's output."""
     query, _, log = stdout.partition(XID_MARK)
-    return attach_xids(parse_query(query), log)
+    return attach_xids(read_query(query), log)
 
 
 class StreamError(Exception):
@@ -325,8 +382,10 @@ class HostStream:
         elif self.open_record is None:
             return  # nothing else is expected outside a record: not ours to read
         elif line.startswith(self.end):
-            rc = line[len(self.end) :].strip()
-            self.rc = int(rc) if rc.isdigit() else -1
+            try:
+                self.rc = parse_int(line[len(self.end) :], lo=0, hi=255, what="exit status")
+            except HostNumberError:
+                self.rc = -1
             self.query, self.stderr = self.open_record, self.open_said
             self.open_record = None
             self.records += 1
@@ -349,7 +408,7 @@ class HostStream:
                 name, [], f"nvidia-smi failed (exit {self.rc})" + (f": {why}" if why else ""), duration_s
             )
         try:
-            gpus = attach_xids(parse_query("\n".join(self.query)), self.xid_lines)
+            gpus = attach_xids(read_query("\n".join(self.query)), self.xid_lines)
         except TopParseError as exc:
             return HostSample(name, [], f"unreadable nvidia-smi output: {exc}", duration_s)
         return HostSample(name, gpus, None, duration_s)
@@ -489,18 +548,25 @@ def to_prometheus(samples: Sequence[HostSample]) -> str:
     from provisioner.hosttext import safe_text
     from provisioner.report.prometheus import labels as prom_labels
 
+    def gpu_labels(s: HostSample, g: GpuSample) -> str:
+        return prom_labels(
+            host=safe_text(s.host), gpu=str(g.index), uuid=safe_text(g.uuid), name=safe_text(g.name)
+        )
+
     lines: list[str] = []
     for metric, help_text, get, scale in PROMETHEUS_METRICS:
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for s in samples:
             for g in s.gpus:
-                value = get(g)
+                value = None if g.error else get(g)
                 if value is None:
                     continue
-                labels = prom_labels(
-                    host=safe_text(s.host), gpu=str(g.index), uuid=safe_text(g.uuid), name=safe_text(g.name)
-                )
-                lines.append(f"{metric}{labels} {value * scale:.15g}")
+                lines.append(f"{metric}{gpu_labels(s, g)} {value * scale:.15g}")
+    lines += [
+        "# HELP gpuprov_top_gpu_up 1 when the GPU's readings were read",
+        "# TYPE gpuprov_top_gpu_up gauge",
+    ]
+    lines += [f"gpuprov_top_gpu_up{gpu_labels(s, g)} {0 if g.error else 1}" for s in samples for g in s.gpus]
     lines += ["# HELP gpuprov_top_host_up 1 when the host answered", "# TYPE gpuprov_top_host_up gauge"]
     lines += [
         f"gpuprov_top_host_up{prom_labels(host=safe_text(s.host))} {0 if s.error else 1}" for s in samples
@@ -527,6 +593,13 @@ def table(samples: Sequence[HostSample], title: str = "") -> Any:
             t.add_row(Text(short_safe_text(s.host, 40)), "", Text("error: " + short_safe_text(s.error, 80)))
             continue
         for g in s.gpus:
+            if g.error:
+                t.add_row(
+                    Text(short_safe_text(s.host, 40)),
+                    str(g.index),
+                    Text("error: " + short_safe_text(g.error, 80)),
+                )
+                continue
             mem = (
                 "-"
                 if g.mem_used_mib is None or g.mem_total_mib is None

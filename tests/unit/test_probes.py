@@ -190,6 +190,17 @@ def test_kernel_log_xids_dmesg_and_journal_forms() -> None:
     assert P.parse_kernel_log(vf.kernel_log()) == []
 
 
+@pytest.mark.parametrize("xid", ["9" * 5000, "10000", "4294967296"])
+def test_an_xid_number_no_driver_prints_makes_the_kernel_log_an_error(xid: str) -> None:
+    with pytest.raises(P.ParseError, match="kernel log line 5: Xid"):
+        P.parse_kernel_log(vf.kernel_log(f"[ 9.0] NVRM: Xid (PCI:0000:00:06): {xid}, pid=1, x"))
+
+
+@pytest.mark.parametrize("xid", ["٧٩", "7²9", "７９", "79x"])
+def test_other_scripts_digits_are_no_xid(xid: str) -> None:
+    assert P.parse_kernel_log(vf.kernel_log(f"[ 9.0] NVRM: Xid (PCI:0000:00:06): {xid}, pid=1, x")) == []
+
+
 def test_services_modules_secureboot_dropins() -> None:
     assert P.parse_tsv_states("docker\tactive\nkubelet\tinactive\n", "services.tsv") == {
         "docker": "active",
