@@ -190,12 +190,16 @@ class GpuSample:
         return out
 
 
+NO_GPU = "no GPU"
+
+
 @dataclass(frozen=True)
 class HostSample:
     host: str
     gpus: list[GpuSample]
     error: str | None = None
     duration_s: float = 0.0
+    gpu_node: bool = True  # False: the inventory says the host has no GPU; it is not asked
 
     @property
     def failed(self) -> bool:
@@ -203,7 +207,11 @@ class HostSample:
         return bool(self.error) or any(g.error for g in self.gpus)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"host": self.host, "gpus": [g.to_dict() for g in self.gpus]}
+        out: dict[str, Any] = {
+            "host": self.host,
+            "gpu_node": self.gpu_node,
+            "gpus": [g.to_dict() for g in self.gpus],
+        }
         if self.error:
             out["error"] = self.error
         return out
@@ -567,9 +575,12 @@ def to_prometheus(samples: Sequence[HostSample]) -> str:
         "# TYPE gpuprov_top_gpu_up gauge",
     ]
     lines += [f"gpuprov_top_gpu_up{gpu_labels(s, g)} {0 if g.error else 1}" for s in samples for g in s.gpus]
+    # A host that is no GPU node is not asked: it has no series.
     lines += ["# HELP gpuprov_top_host_up 1 when the host answered", "# TYPE gpuprov_top_host_up gauge"]
     lines += [
-        f"gpuprov_top_host_up{prom_labels(host=safe_text(s.host))} {0 if s.error else 1}" for s in samples
+        f"gpuprov_top_host_up{prom_labels(host=safe_text(s.host))} {0 if s.error else 1}"
+        for s in samples
+        if s.gpu_node
     ]
     return "\n".join(lines) + "\n"
 
@@ -589,6 +600,9 @@ def table(samples: Sequence[HostSample], title: str = "") -> Any:
         return "-" if v is None else fmt.format(v)
 
     for s in samples:
+        if not s.gpu_node:
+            t.add_row(Text(short_safe_text(s.host, 40)), "", Text(NO_GPU, style="dim"))
+            continue
         if s.error:
             t.add_row(Text(short_safe_text(s.host, 40)), "", Text("error: " + short_safe_text(s.error, 80)))
             continue
@@ -624,19 +638,46 @@ def table(samples: Sequence[HostSample], title: str = "") -> Any:
 # ------------------------------------------------------------------------------------------ the verb
 
 
-def targets_for(inventory: Any, local: bool, limit: str | None) -> list[tuple[str, Callable[[], Executor]]]:
-    """(host, opener) for the inventory's hosts (or this machine); bad input raises before any connection."""
+@dataclass(frozen=True)
+class TopHost:
+    """A host `top` shows: how to reach it, and whether it is a GPU node (only those are asked)."""
+
+    name: str
+    open: Callable[[], Executor]
+    gpu_node: bool = True
+
+
+GPU_NODES = "gpu_nodes"
+
+
+def targets_for(inventory: Any, local: bool, limit: str | None) -> list[TopHost]:
+    """The inventory's hosts (or this machine); bad input raises before any connection. Where the
+    inventory has a gpu_nodes group, as verification reads it, a host outside it (a control plane) is no
+    GPU node: it is shown as one, not asked for an nvidia-smi it does not have."""
     from pathlib import Path
 
     from provisioner.errors import InputError
-    from provisioner.verification import load_hosts, local_target, ssh_targets
+    from provisioner.inventory import load_inventory
+    from provisioner.verification import local_target, ssh_targets
 
     if local == (inventory is not None):
         raise InputError("give exactly one of -i/--inventory and --local")
     if local:
         t = local_target()
-        return [(t.name, t.open)]
-    return [(t.name, t.open) for t in ssh_targets(load_hosts(Path(inventory), limit))]
+        return [TopHost(t.name, t.open)]
+    inv = load_inventory(Path(inventory))
+    hosts = inv.select(limit)
+    if not hosts:
+        raise InputError(f"-i {inventory}: no host selected" + (f" by --limit {limit}" if limit else ""))
+    # Read from the whole inventory, not the selection: --limit cp1 still knows cp1 has no GPU.
+    gpu_nodes = set(inv.host_names(GPU_NODES)) if GPU_NODES in inv.group_names else set()
+    return [TopHost(t.name, t.open, not gpu_nodes or t.name in gpu_nodes) for t in ssh_targets(hosts)]
+
+
+def with_hosts_without_gpu(hosts: Sequence[TopHost], samples: Sequence[HostSample]) -> list[HostSample]:
+    """The GPU nodes' samples and a "no GPU" row for every other host, in inventory order."""
+    by_name = {s.host: s for s in samples}
+    return [by_name.get(h.name) or HostSample(h.name, [], gpu_node=False) for h in hosts]
 
 
 def run_top(
@@ -657,12 +698,13 @@ def run_top(
 
     if not (0.5 <= interval <= 3600):
         raise InputError(f"--interval {interval:g}: seconds between refreshes, 0.5 to 3600")
-    fleet = Fleet(targets_for(inventory, local, limit), parallel, timeout)
+    hosts = targets_for(inventory, local, limit)
+    fleet = Fleet([(h.name, h.open) for h in hosts if h.gpu_node], parallel, timeout)
     stop = stop or threading.Event()
     try:
         while True:
             started = time.monotonic()
-            samples = fleet.refresh()
+            samples = with_hosts_without_gpu(hosts, fleet.refresh())
             show(samples)
             if once or stop.wait(max(0.0, interval - (time.monotonic() - started))):
                 return samples

@@ -320,3 +320,68 @@ def test_interval_and_targets_are_checked_first() -> None:
                   show=lambda s: None)  # fmt: skip
     with pytest.raises(InputError, match="exactly one of"):
         T.targets_for(None, False, None)
+
+
+def write_inventory(tmp_path: Path, with_gpu_nodes: bool = True) -> Path:
+    gpu_group = "gpu_nodes" if with_gpu_nodes else "workers"
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  children:\n"
+        "    kube_control_plane:\n      hosts:\n        cp1: {ansible_host: 192.0.2.10}\n"
+        f"    {gpu_group}:\n      hosts:\n        gpu1: {{ansible_host: 192.0.2.21}}\n"
+    )
+    return inv
+
+
+def test_hosts_outside_gpu_nodes_are_no_gpu_nodes_even_when_limited_to_them(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path)
+    assert [(h.name, h.gpu_node) for h in T.targets_for(inv, False, None)] == [("cp1", False), ("gpu1", True)]
+    assert [(h.name, h.gpu_node) for h in T.targets_for(inv, False, "cp1")] == [("cp1", False)]
+    # Without a gpu_nodes group the inventory says nothing: every host is asked.
+    (tmp_path / "plain").mkdir()
+    plain = write_inventory(tmp_path / "plain", with_gpu_nodes=False)
+    assert all(h.gpu_node for h in T.targets_for(plain, False, None))
+
+
+def test_a_control_plane_without_gpus_is_shown_as_such_and_never_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A healthy fleet with a control plane: every GPU shown, the control plane as "no GPU" in each
+    format, no connection to it, and exit 0."""
+    from provisioner import cli
+
+    def never() -> FakeExecutor:
+        raise AssertionError("a host without GPUs is not connected to")
+
+    def fleet(*_: object) -> list[T.TopHost]:
+        gpu1 = FakeExecutor(FakeStream([record(TWO_GPUS)]))
+        return [T.TopHost("cp1", never, gpu_node=False), T.TopHost("gpu1", lambda: gpu1)]
+
+    monkeypatch.setattr(T, "targets_for", fleet)
+    outputs = {}
+    for output_format in ("table", "json", "prometheus"):
+        rc = cli.app(["top", "--local", "--once", "--format", output_format], standalone_mode=False)
+        outputs[output_format] = capsys.readouterr().out
+        assert rc == 0, (output_format, outputs[output_format])
+    assert re.search(r"cp1\W+no GPU", outputs["table"]) and "error" not in outputs["table"]
+    hosts = {h["host"]: h for h in json.loads(outputs["json"])["hosts"]}
+    assert hosts["cp1"] == {"host": "cp1", "gpu_node": False, "gpus": []}
+    assert hosts["gpu1"]["gpu_node"] and len(hosts["gpu1"]["gpus"]) == 2
+    assert 'host="cp1"' not in outputs["prometheus"]
+    assert 'gpuprov_top_host_up{host="gpu1"} 1' in outputs["prometheus"]
+
+
+def test_a_gpu_node_without_nvidia_smi_is_still_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_smi = FakeExecutor(FakeStream([record("", 127, "sh: 1: nvidia-smi: not found")]))
+    monkeypatch.setattr(T, "targets_for", lambda *_: [T.TopHost("gpu1", lambda: no_smi)])
+    (sample,) = T.run_top(
+        inventory=None,
+        local=True,
+        limit=None,
+        once=True,
+        interval=1,
+        parallel=1,
+        timeout=5,
+        show=lambda s: None,
+    )
+    assert sample.gpu_node and sample.error == "nvidia-smi not found" and sample.failed
