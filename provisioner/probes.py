@@ -26,7 +26,7 @@ from typing import Any
 import defusedxml
 import defusedxml.ElementTree as defused_et
 
-from provisioner.hostnumbers import HostNumberError, parse_int
+from provisioner.hostnumbers import HostNumberError, is_index, parse_decimal, parse_int
 from provisioner.hosttext import first_line
 
 # A probe that decides it does not apply here (no kubeconfig, no dcgmi, no such config file)
@@ -446,6 +446,16 @@ class ProbeResult:
 _MAX_STDERR = 4000
 
 
+def _seconds_between(stamps: Sequence[str]) -> float:
+    """A probe's duration from its two clock readings (EPOCHREALTIME or /proc/uptime); 0 when either is
+    missing or no finite clock reading (the duration only informs, the output stands)."""
+    try:
+        start, end = (parse_decimal(t, lo=0, hi=1e12, what="clock") for t in stamps)
+    except (HostNumberError, ValueError):
+        return 0.0
+    return max(0.0, end - start)
+
+
 def parse_script_output(
     text: str, token: str, names: Sequence[str], stderr: str = ""
 ) -> dict[str, ProbeResult]:
@@ -462,10 +472,10 @@ def parse_script_output(
             body = text[begun[name] : max(begun[name], body_end)]
             fields = rest.split()
             try:
-                rc = int(fields[0])
-                duration = max(0.0, float(fields[2]) - float(fields[1])) if len(fields) >= 3 else 0.0
-            except (ValueError, IndexError):
+                rc = parse_int(fields[0], hi=255, what="exit status")
+            except (HostNumberError, IndexError):
                 continue
+            duration = _seconds_between(fields[1:3])
             pending[name] = ProbeResult(name, rc, body, "", round(duration, 3))
     # stderr carries only B markers: each probe's stderr runs from its marker to the next one.
     errors: dict[str, str] = {}
@@ -667,11 +677,25 @@ def _text(el: ET.Element | None, path: str) -> str | None:
     return value or None
 
 
-def _int(value: str | None) -> int | None:
+_COUNT = re.compile(r"(?P<digits>[0-9]+)(?: ?[A-Za-z]+)?")
+
+
+def _int(value: str | None, what: str = "count") -> int | None:
+    """A count as nvidia-smi -q -x prints it ("0", "16x", "262144 MiB"); None where it prints none ("N/A",
+    "[Unknown Error]"). ParseError for digits of another script, more digits than a counter holds or a
+    number run into other text: no driver prints those, and reading a prefix would misread them."""
     if value is None:
         return None
-    m = re.match(r"^\s*(\d+)", value)
-    return int(m.group(1)) if m else None
+    v = value.strip()
+    if not v[:1].isdigit():
+        return None
+    m = _COUNT.fullmatch(v)
+    if not m:
+        raise ParseError(f"nvidia-smi -q -x: {what}: not a number: {v[:24]!r}")
+    try:
+        return parse_int(m["digits"], what=f"nvidia-smi -q -x: {what}")
+    except HostNumberError as exc:
+        raise ParseError(str(exc)) from None
 
 
 def _yes(value: str | None) -> bool | None:
@@ -691,11 +715,14 @@ def _volatile_uncorrectable(volatile: ET.Element | None) -> tuple[int | None, in
         return None, None
     double = volatile.find("double_bit")
     if double is not None:  # older drivers: single_bit/double_bit with a total each
-        return _int(_text(double, "total")), _int(_text(volatile.find("single_bit"), "total"))
+        return (
+            _int(_text(double, "total"), "double_bit total"),
+            _int(_text(volatile.find("single_bit"), "total"), "single_bit total"),
+        )
     unc: int | None = None
     cor: int | None = None
     for child in volatile:
-        value = _int(child.text)
+        value = _int(child.text, child.tag)
         if value is None:
             continue
         if "uncorrectable" in child.tag:
@@ -736,7 +763,7 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
         gpu.retired_pending = _yes(_text(g, "retired_pages/pending_retirement"))
         gpu.remap_pending = _yes(_text(g, "remapped_rows/remapped_row_pending"))
         gpu.remap_failure = _yes(_text(g, "remapped_rows/remapped_row_failure"))
-        gpu.remap_uncorrectable = _int(_text(g, "remapped_rows/remapped_row_unc"))
+        gpu.remap_uncorrectable = _int(_text(g, "remapped_rows/remapped_row_unc"), "remapped_row_unc")
         gpu.unrepairable_memory = _yes(_text(g, "ecc_errors/unrepairable_memory"))
         gpu.repair_pending = [
             tag.replace("_repair_pending", "")
@@ -744,10 +771,10 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
             if _yes(_text(g, f"ecc_errors/{tag}"))
         ]
         link = g.find("pci/pci_gpu_link_info")
-        gpu.link_gen_current = _int(_text(link, "pcie_gen/current_link_gen"))
-        gpu.link_gen_max = _int(_text(link, "pcie_gen/max_link_gen"))
-        gpu.link_width_current = _int(_text(link, "link_widths/current_link_width"))
-        gpu.link_width_max = _int(_text(link, "link_widths/max_link_width"))
+        gpu.link_gen_current = _int(_text(link, "pcie_gen/current_link_gen"), "current_link_gen")
+        gpu.link_gen_max = _int(_text(link, "pcie_gen/max_link_gen"), "max_link_gen")
+        gpu.link_width_current = _int(_text(link, "link_widths/current_link_width"), "current_link_width")
+        gpu.link_width_max = _int(_text(link, "link_widths/max_link_width"), "max_link_width")
         gpu.performance_state = _text(g, "performance_state")
         gpu.mig_mode = _text(g, "mig_mode/current_mig")
         for container, prefix in (
@@ -762,7 +789,7 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
                 if state is not None:
                     gpu.event_reasons[child.tag.removeprefix(prefix)] = state
         gpus.append(gpu)
-    attached = _int(_text(root, "attached_gpus"))
+    attached = _int(_text(root, "attached_gpus"), "attached_gpus")
     return SmiLog(_text(root, "driver_version"), _text(root, "cuda_version"), attached, gpus)
 
 
@@ -1068,7 +1095,8 @@ def parse_dcgm_diag(text: str) -> list[DiagResult]:
                     info = "; ".join(
                         str(i.get("warning", i)) if isinstance(i, dict) else str(i) for i in info
                     )
-                out.append(DiagResult(name, status, int(gpu) if str(gpu).isdigit() else None, str(info)))
+                index = int(str(gpu)) if is_index(str(gpu)) else None
+                out.append(DiagResult(name, status, index, str(info)))
     return out
 
 

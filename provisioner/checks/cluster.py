@@ -7,6 +7,7 @@ from typing import Any
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
+from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import short_safe_text
 from provisioner.probes import (
     HOST_FACTS,
@@ -91,9 +92,11 @@ def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
             )
         ]
     try:
-        count = int(str(raw))
-    except ValueError:
-        return [outcome(ERROR, f"node {name}: allocatable nvidia.com/gpu={raw!r} is not a number")]
+        # A count the API server holds: whole, not negative; a million is far above any node's.
+        count = parse_int(str(raw), hi=1_000_000, what="allocatable nvidia.com/gpu")
+    except HostNumberError:
+        shown = short_safe_text(str(raw), 40)
+        return [outcome(ERROR, f"node {name}: allocatable nvidia.com/gpu={shown!r} is not a GPU count")]
     replicas = _replicas(exp)
     expected = gpus * replicas
     per = (

@@ -9,6 +9,7 @@ from provisioner.checks.cluster import KUBE, node_object
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
+from provisioner.hostnumbers import is_index
 from provisioner.hosttext import short_safe_text
 from provisioner.probes import (
     DCGM_EXPORTER,
@@ -132,7 +133,7 @@ def _judge(facts: HostFacts, node: str, pod: str, samples: list[Sample], where: 
             continue
         uuid = next((s.labels[k] for k in _UUID_LABELS if k in s.labels), "")
         index = by_uuid.get(uuid) if uuid else None
-        if index is None and not uuid and s.labels.get("gpu", "").isdigit():
+        if index is None and not uuid and is_index(s.labels.get("gpu", "")):
             index = int(s.labels["gpu"]) if int(s.labels["gpu"]) in indexes else None
         if index is None:
             strangers.add(short_safe_text(uuid or f"gpu {s.labels.get('gpu', '?')}", 60))

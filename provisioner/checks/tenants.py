@@ -24,7 +24,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 # A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a decimal number with an SI or binary
 # suffix. GPU counts are whole numbers; the suffixes are accepted so that "2k" or "4000m" compare right.
-_QUANTITY = re.compile(r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+))(?P<suffix>[munkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?")
+# ASCII digits, as many as a Quantity holds (its int64 and nine decimals): other scripts' digits and
+# thousands of digits are no quantity.
+_QUANTITY = re.compile(
+    r"(?P<num>[+-]?(?:[0-9]{1,19}(?:\.[0-9]{0,9})?|\.[0-9]{1,9}))(?P<suffix>[munkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?"
+)
 _SCALE = {
     "n": Fraction(1, 10**9),
     "u": Fraction(1, 10**6),
