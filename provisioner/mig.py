@@ -97,14 +97,20 @@ GPUS: dict[int, MigGpu] = {
 
 # `nvidia-smi mig -lgip` (the GPU instance profiles) and `-lgipp` (their placements), as the driver prints
 # them; both answer with MIG mode off. Read from a real H200 (driver 580.159.04).
+# Numbers are ASCII digits of the length the driver prints (`\d` would take other scripts' digits, and
+# thousands of digits are no count): a row with anything else is not read as a profile.
 _LGIP_ROW = re.compile(
-    r"^\|\s*(?P<gpu>\d+)\s+MIG\s+(?P<name>\d+g\.\d+gb(?:\+me)?)\s+(?P<id>\d+)\s+"
-    r"(?P<free>\d+)/(?P<total>\d+)\s+(?P<mem>\d+(?:\.\d+)?)\s+(?:Yes|No)\s+(?P<sm>\d+)\s"
+    r"^\|\s*(?P<gpu>[0-9]{1,4})\s+MIG\s+(?P<name>[0-9]{1,2}g\.[0-9]{1,4}gb(?:\+me)?)\s+(?P<id>[0-9]{1,4})\s+"
+    r"(?P<free>[0-9]{1,3})/(?P<total>[0-9]{1,3})\s+(?P<mem>[0-9]{1,6}(?:\.[0-9]{1,3})?)\s+(?:Yes|No)\s+"
+    r"(?P<sm>[0-9]{1,5})\s"
 )
 _LGIPP_ROW = re.compile(
-    r"^GPU\s+(?P<gpu>\d+)\s+Profile ID\s+(?P<id>\d+)\s+Placements?\s*:\s*"
-    r"(?P<starts>\{[\d,]*\}):(?P<size>\d+)\s*$"
+    r"^GPU\s+(?P<gpu>[0-9]{1,4})\s+Profile ID\s+(?P<id>[0-9]{1,4})\s+Placements?\s*:\s*"
+    r"(?P<starts>\{(?:[0-9]{1,2}(?:,[0-9]{1,2})*)?\}):(?P<size>[0-9]{1,2})\s*$"
 )
+# How a row of each starts, whatever its numbers: such a row that does not read is an error, not skipped.
+_LGIP_ROW_START = re.compile(r"^\|\s*\S+\s+MIG\s")
+_LGIPP_ROW_START = re.compile(r"^GPU\s+\S+\s+Profile ID\s")
 
 
 @dataclass(frozen=True)
@@ -122,12 +128,20 @@ class ReadProfile:
 
 def parse_profiles(lgip: str, lgipp: str, gpu: int = 0) -> dict[str, ReadProfile]:
     """GPU `gpu`'s MIG profiles from `nvidia-smi mig -lgip` and `-lgipp`; ValueError on other text."""
-    rows = [m for m in map(_LGIP_ROW.match, lgip.splitlines()) if m and int(m["gpu"]) == gpu]
+    rows = []
+    for line in lgip.splitlines():
+        m = _LGIP_ROW.match(line)
+        if not m and _LGIP_ROW_START.match(line):
+            raise ValueError(f"nvidia-smi mig -lgip: a profile row that is not one: {line[:60]!r}")
+        if m and int(m["gpu"]) == gpu:
+            rows.append(m)
     if not rows:
         raise ValueError(f"nvidia-smi mig -lgip: no GPU instance profile listed for GPU {gpu}")
     placements: dict[int, tuple[tuple[int, ...], int]] = {}
     for line in lgipp.splitlines():
         m = _LGIPP_ROW.match(line.strip())
+        if not m and _LGIPP_ROW_START.match(line.strip()):
+            raise ValueError(f"nvidia-smi mig -lgipp: a placement row that is not one: {line[:60]!r}")
         if m and int(m["gpu"]) == gpu:
             starts = tuple(int(x) for x in m["starts"].strip("{}").split(",") if x)
             placements[int(m["id"])] = (starts, int(m["size"]))
@@ -299,12 +313,16 @@ def single_strategy_problem(wanted: Mapping[int, dict[str, int] | None]) -> str 
 
 
 # `nvidia-smi -L`: a GPU line, then its MIG devices indented under it.
-_L_GPU = re.compile(r"^GPU (?P<index>\d+): ")
-_L_MIG = re.compile(r"^\s+MIG (?P<profile>\d+g\.\d+gb(?:\+me)?)\s+Device\s+(?P<dev>\d+): ")
+_L_GPU = re.compile(r"^GPU (?P<index>[0-9]{1,4}): ")
+_L_MIG = re.compile(
+    r"^\s+MIG (?P<profile>[0-9]{1,2}g\.[0-9]{1,4}gb(?:\+me)?)\s+Device\s+(?P<dev>[0-9]{1,4}): "
+)
 
 
 def parse_mig_devices(listing: str) -> dict[int, dict[str, int]]:
-    """GPU index → MIG profile → devices, from `nvidia-smi -L` (GPUs without MIG devices map to {})."""
+    """GPU index → MIG profile → devices, from `nvidia-smi -L` (GPUs without MIG devices map to {}).
+    ValueError on a GPU line whose index is not a GPU index: the MIG lines under it belong to no GPU
+    this listing names, and counting them on the GPU above would be wrong."""
     out: dict[int, dict[str, int]] = {}
     current: int | None = None
     for line in listing.splitlines():
@@ -313,6 +331,8 @@ def parse_mig_devices(listing: str) -> dict[int, dict[str, int]]:
             current = int(m["index"])
             out[current] = {}
             continue
+        if line.startswith("GPU "):
+            raise ValueError(f"nvidia-smi -L: not a GPU index: {line[:40]!r}")
         m = _L_MIG.match(line)
         if m and current is not None:
             counts = out[current]

@@ -12,6 +12,7 @@ from provisioner.hosttext import short_safe_text
 from provisioner.probes import (
     HOST_FACTS,
     SMI_LIST,
+    ParseError,
     parse_dcgm_diag,
     parse_json_object,
     parse_smi_list,
@@ -127,7 +128,14 @@ def mig_devices(facts: HostFacts) -> dict[int, dict[str, int]]:
     """GPU index → MIG profile → devices, from `nvidia-smi -L` (provisioner.mig.parse_mig_devices)."""
     from provisioner.mig import parse_mig_devices
 
-    return facts.parsed("mig-devices", lambda: parse_mig_devices(parse_smi_list(facts.ok_text(SMI_LIST))))
+    def read() -> dict[int, dict[str, int]]:
+        listing = parse_smi_list(facts.ok_text(SMI_LIST))
+        try:
+            return parse_mig_devices(listing)
+        except ValueError as exc:
+            raise ParseError(f"{SMI_LIST}: {exc}") from None
+
+    return facts.parsed("mig-devices", read)
 
 
 def mig_resources(devices: dict[int, dict[str, int]], strategy: str, whole_gpus: int) -> dict[str, int]:

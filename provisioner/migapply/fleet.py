@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
+from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.inventory import needs_become
 from provisioner.mig import CONFIG_LABEL, STATE_LABEL, parse_mig_devices
@@ -45,7 +46,11 @@ _QUERY = [
     "--query-gpu=index,pci.device_id,driver_version,mig.mode.current",
     "--format=csv,noheader",
 ]
-_ROW = re.compile(r"^\s*(\d+),\s*0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4}),\s*([0-9.]+),\s*(.+?)\s*$")
+# index, pci.device_id, driver_version, mig.mode.current; the index and version in ASCII digits of the
+# length nvidia-smi prints.
+_ROW = re.compile(
+    r"^\s*([0-9]{1,4}),\s*0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4}),\s*([0-9]{1,4}(?:\.[0-9]{1,4}){1,3}),\s*(.+?)\s*$"
+)
 
 
 @dataclass
@@ -151,7 +156,10 @@ class MigFleet:
         probe.loaded = query.stdout.split(",")[2].strip() if probe.gpus else None
         probe.gpus_driver = len(probe.gpus)
         probe.driver_ok = bool(probe.gpus)
-        probe.mig_devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else None
+        try:
+            probe.mig_devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else None
+        except ValueError as exc:
+            probe.error = str(exc)
         return probe
 
     def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:
@@ -268,7 +276,7 @@ def allocatable(node_doc: Mapping[str, Any]) -> dict[str, int]:
     for key, value in ((node_doc.get("status") or {}).get("allocatable") or {}).items():
         if str(key).startswith("nvidia.com/"):
             try:
-                out[str(key)] = int(str(value))
-            except ValueError:
+                out[str(key)] = parse_int(str(value), hi=1_000_000, what=str(key))
+            except HostNumberError:
                 continue
     return out

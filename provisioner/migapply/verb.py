@@ -25,6 +25,7 @@ from typing import Any
 from provisioner import records
 from provisioner.content import role_default
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
+from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.mig import check_layout, parse_config, single_strategy_problem, wanted_devices
 from provisioner.migapply.fleet import CONFIG_LABEL, STATE_LABEL, MigFleet, MigProbe
@@ -266,7 +267,16 @@ def _check(
         if not probe.gpus:
             problems.append(f"{name}: nvidia-smi lists no GPU")
             continue
-        branch = int(probe.loaded.split(".")[0]) if probe.loaded and probe.loaded[0].isdigit() else None
+        branch = None
+        if probe.loaded:
+            try:
+                branch = parse_int(probe.loaded.split(".")[0], lo=1, hi=9999, what="driver branch")
+            except HostNumberError:
+                problems.append(
+                    f"{name}: cannot check {layout}: driver version {short_safe_text(probe.loaded, 40)!r} "
+                    "is not a version"
+                )
+                continue
         for device_id in sorted({g.device_id for g in probe.gpus}):
             count = sum(1 for g in probe.gpus if g.device_id == device_id)
             for why in check_layout(

@@ -347,11 +347,16 @@ class RealFleet:
         finally:
             self._live.discard(ex)
             ex.close()
+        try:
+            mig_devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else None
+        except ValueError as exc:
+            # Unknown MIG devices would let the upgrade skip waiting for them to come back.
+            return HostProbe(name, error=str(exc))
         return replace(
             probe_from_results(name, results, hostname if valid_node_name(hostname) else None),
             machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
             address=ex.target.address,
-            mig_devices=parse_mig_devices(listing.stdout) if listing.rc == 0 else None,
+            mig_devices=mig_devices,
             node_error=None
             if not hostname or valid_node_name(hostname)
             else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",
