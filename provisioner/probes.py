@@ -1037,12 +1037,15 @@ def parse_containerd_dump(text: str) -> ContainerdConfig:
     """`containerd config dump`: config version 2 (containerd 1.x) keeps the runtimes in the plugin
     "io.containerd.grpc.v1.cri", version 3 (2.x) in "io.containerd.cri.v1.runtime"."""
     data = parse_toml(text, "containerd-config-dump.toml")
+    raw = data.get("version") or 1
     try:
-        version = int(data.get("version") or 1)
-    except (TypeError, ValueError) as exc:
-        raise ParseError(
-            f"containerd-config-dump.toml: version {data.get('version')!r} is not a number"
-        ) from exc
+        # TOML may hold the version as a float (inf, nan) or a string; only a whole number is a version.
+        if isinstance(raw, bool) or not isinstance(raw, int | str):
+            raise HostNumberError("not a whole number")
+        version = parse_int(str(raw), lo=1, hi=99, what="version")
+    except HostNumberError as exc:
+        shown = ascii(raw)[:40]
+        raise ParseError(f"containerd-config-dump.toml: version {shown} is not a config version") from exc
     plugins = data.get("plugins") if isinstance(data.get("plugins"), dict) else {}
     cri = plugins.get("io.containerd.cri.v1.runtime" if version >= 3 else "io.containerd.grpc.v1.cri")
     cri = cri if isinstance(cri, dict) else {}
@@ -1209,8 +1212,11 @@ class Sample:
 # an exporter's is refused before it is looked at further.
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_SAMPLE_VALUE = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Inf|inf)|NaN")
-_TIMESTAMP = re.compile(r"-?\d{1,19}")
+# The exposition format's numbers, Inf and NaN included (an exporter may serve them), in ASCII digits.
+_SAMPLE_VALUE = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|Inf|inf)|NaN"
+)
+_TIMESTAMP = re.compile(r"-?[0-9]{1,19}")
 _PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 _PROM_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 PROM_MAX_LINE = 16 * 1024

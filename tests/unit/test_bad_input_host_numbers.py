@@ -66,6 +66,26 @@ def test_a_real_probe_frame_still_reads() -> None:
     assert (result.rc, result.duration_s) == (0, 0.5)
 
 
+# ------------------------------------------------------------------------- containerd, /metrics
+
+
+@pytest.mark.parametrize("version", ["inf", "nan", "1e999", '"٣"', '"0x2"', "2.5", "true", "-2", "[2]"])
+def test_a_containerd_config_version_that_is_no_version_is_an_error(version: str) -> None:
+    with pytest.raises(P.ParseError, match="is not a config version"):
+        P.parse_containerd_dump(f"version = {version}\n")
+
+
+@pytest.mark.parametrize("version", ["2", "3", '"3"'])
+def test_containerd_config_versions_as_written(version: str) -> None:
+    assert P.parse_containerd_dump(f"version = {version}\n").version == int(version.strip('"'))
+
+
+@pytest.mark.parametrize("value", ["٣٤", "３４", "3²", "1e٣"])
+def test_a_metric_value_in_other_digits_is_an_error(value: str) -> None:
+    with pytest.raises(P.ParseError, match="not a number"):
+        P.parse_prometheus_text(f'DCGM_FI_DEV_GPU_TEMP{{gpu="0"}} {value}\n')
+
+
 # ------------------------------------------------------------------------------------------ dcgmi
 
 
