@@ -159,7 +159,7 @@ class GpuSample:
     power_limit_w: float | None
     event_reasons: int | None
     xids: list[int] = field(default_factory=list)  # Xid numbers of this boot, in log order
-    error: str | None = None  # what of this GPU's answer could not be read: its readings are not shown
+    error: str | None = None  # what of this GPU's answer could not be read; table and Prometheus skip it
 
     @property
     def slowdowns(self) -> list[str]:
