@@ -20,6 +20,7 @@ import yaml
 
 from provisioner.content import ROLES_DIR
 from provisioner.errors import InputError
+from provisioner.yamlfile import yaml_kind
 
 # Knobs shared by several roles (docs/contracts.md).
 GLOBAL_KNOBS: dict[str, str] = {
@@ -132,19 +133,6 @@ def load_role_specs(roles_dir: Path = ROLES_DIR) -> RoleSpecs:
     for role in [*sorted(set(specs.prefixes.values())), _GLOBAL]:
         specs.validator(role)
     return specs
-
-
-def yaml_kind(value: Any) -> str:
-    """What a value is, in YAML's words (Ansible wraps values in its own classes, whose names mean
-    nothing to a user: _AnsibleTaggedStr is a string)."""
-    for kind, types in (("boolean", bool), ("string", str), ("integer", int), ("number", float)):
-        if isinstance(value, types):
-            return kind
-    if isinstance(value, dict):
-        return "mapping"
-    if isinstance(value, list | tuple):
-        return "list"
-    return "null" if value is None else "value"
 
 
 def _templated(value: Any) -> bool:

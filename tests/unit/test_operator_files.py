@@ -1,0 +1,244 @@
+"""Files an operator hands gpuprov (inventories, group_vars/host_vars, policies, ssh_config) and the
+settings inside them: bounded, parsed strictly, typed, and judged before any host is contacted."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import InputError
+from provisioner.inventory import load_inventory
+from provisioner.policy import load_policy
+from provisioner.yamlfile import MAX_DEPTH, MAX_FILE_BYTES, read_operator_file
+
+HOSTS = "all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.1}\n"
+# 10^7 list elements from seven short lines: every walk of the value pays for all of them.
+ALIAS_BOMB = (
+    "".join(
+        f"{name}: &{name} [{', '.join([f'*{prev}'] * 10) if prev else ', '.join(['x'] * 10)}]\n"
+        for prev, name in zip(["", "a", "b", "c", "d", "e"], ["a", "b", "c", "d", "e", "f"], strict=True)
+    )
+    + "nvidia_driver_bomb: [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]\n"
+)
+
+
+def inventory(tmp_path: Path, hosts: str = HOSTS, **group_vars: str) -> Path:
+    """An inventory directory: hosts.yml and group_vars/<name>.yml for each keyword."""
+    (tmp_path / "group_vars").mkdir(exist_ok=True)
+    for name, text in group_vars.items():
+        (tmp_path / "group_vars" / f"{name}.yml").write_text(text)
+    path = tmp_path / "hosts.yml"
+    path.write_text(hosts)
+    return path
+
+
+# ----------------------------------------------------------------------------------- reading a file
+
+
+def test_a_fifo_a_device_and_a_directory_are_refused_without_reading(tmp_path: Path) -> None:
+    fifo = tmp_path / "policy.yml"
+    os.mkfifo(fifo)
+    for path, kind in (
+        (fifo, "a FIFO"),
+        (Path("/dev/zero"), "a character device"),
+        (tmp_path, "a directory"),
+    ):
+        with pytest.raises(InputError, match=f"^{path}: policy file: {kind}, not a regular file$"):
+            read_operator_file(path, "policy file")
+
+
+def test_a_file_over_the_cap_is_refused_saying_the_cap(tmp_path: Path) -> None:
+    big = tmp_path / "hosts.yml"
+    big.write_text("# padding\n" * (MAX_FILE_BYTES // 10 + 1))
+    with pytest.raises(
+        InputError, match=r"inventory file of \d+ bytes: gpuprov reads at most 4 MiB of one file"
+    ):
+        load_inventory(big)
+    assert MAX_FILE_BYTES == 4 * 1024 * 1024
+
+
+def test_nul_bytes_and_other_encodings_are_no_text(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yml"
+    path.write_bytes(b"gpu.count: 8\n\x00")
+    with pytest.raises(InputError, match=r"not a text file \(byte 13 is NUL\)"):
+        load_policy(path)
+    path.write_bytes("gpu.count: 8 # é\n".encode("latin-1"))
+    with pytest.raises(InputError, match="not a text file"):
+        load_policy(path)
+
+
+def test_a_deeply_nested_policy_is_refused_before_the_parser_recurses(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yml"
+    path.write_text("gpu.xid.ignore: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(InputError) as exc:
+        load_policy(path)
+    assert str(exc.value) == f"{path}: line 1 nested deeper than {MAX_DEPTH} levels of mappings and lists"
+
+
+def test_nesting_up_to_the_cap_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    deep = "[" * (MAX_DEPTH - 4) + "]" * (MAX_DEPTH - 4)
+    path.write_text(f"all:\n  hosts:\n    gpu1: {{ansible_host: 192.0.2.1, nested: {deep}}}\n")
+    assert [h.name for h in load_inventory(path).select(None)] == ["gpu1"]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("when: 2026-13-45\n", "month must be in 1..12"), ("big: " + "9" * 5000 + "\n", "integer string")],
+)
+def test_a_scalar_python_cannot_build_is_bad_input(tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "policy.yml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=f"^{path}: not valid YAML: .*{why}"):
+        load_policy(path)
+
+
+def test_an_ssh_config_that_is_a_fifo_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provisioner.executors import load_ssh_config
+
+    config = tmp_path / "ssh_config"
+    os.mkfifo(config)
+    monkeypatch.setenv("GPUPROV_SSH_CONFIG", str(config))
+    with pytest.raises(InputError, match="ssh config: a FIFO, not a regular file"):
+        load_ssh_config()
+    monkeypatch.setenv("GPUPROV_SSH_CONFIG", os.devnull)
+    assert load_ssh_config() is not None  # the usual "no config" stays allowed
+
+
+# ------------------------------------------------------------------------------------- inventories
+
+
+@pytest.mark.parametrize("where", ["group_vars", "hosts"])
+def test_aliases_are_refused_in_an_inventory_and_its_group_vars(tmp_path: Path, where: str) -> None:
+    if where == "hosts":
+        path = inventory(
+            tmp_path,
+            hosts="all:\n  vars:\n"
+            + "".join("    " + ln + "\n" for ln in ALIAS_BOMB.splitlines())
+            + HOSTS[5:],
+        )
+    else:
+        path = inventory(tmp_path, all=ALIAS_BOMB)
+    bad = path if where == "hosts" else tmp_path / "group_vars" / "all.yml"
+    with pytest.raises(InputError, match=rf"^{bad}:\d+:\d+: alias \*a \(aliases are not allowed here\)$"):
+        load_inventory(path)
+
+
+def test_repeated_keys_are_refused_with_both_lines(tmp_path: Path) -> None:
+    hosts = "all:\n  hosts:\n    gpu1:\n      ansible_host: 192.0.2.1\n      ansible_host: 192.0.2.99\n"
+    with pytest.raises(InputError, match=r"hosts.yml:5:7: duplicate key 'ansible_host' \(first on line 4\)$"):
+        load_inventory(inventory(tmp_path, hosts=hosts))
+    path = inventory(tmp_path, gpu_nodes="nvidia_driver_branch: '580'\ngpus: 4\ngpus: 400\n")
+    with pytest.raises(
+        InputError, match=r"group_vars/gpu_nodes.yml:3:1: duplicate key 'gpus' \(first on line 2\)"
+    ):
+        load_inventory(path)
+
+
+def test_repeated_keys_in_host_vars_directories_are_refused(tmp_path: Path) -> None:
+    path = inventory(tmp_path)
+    (tmp_path / "host_vars" / "gpu1").mkdir(parents=True)
+    (tmp_path / "host_vars" / "gpu1" / "gpus").write_text("gpus: 4\ngpus: 400\n")
+    with pytest.raises(InputError, match=r"host_vars/gpu1/gpus:2:1: duplicate key 'gpus'"):
+        load_inventory(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "why"),
+    [
+        (
+            "[gpu_nodes]\ngpu1 ansible_host=192.0.2.1 gpus=4 gpus=400\n",
+            2,
+            "'gpus' for host gpu1 (first on line 2)",
+        ),
+        (
+            "[gpu_nodes]\ngpu1 gpus=4\n[gpu_nodes:vars]\nx=1\n[gpu_nodes]\ngpu1 gpus=400\n",
+            6,
+            "'gpus' for host gpu1",
+        ),
+        (
+            "[gpu_nodes]\ngpu1\n[gpu_nodes:vars]\nx = 1\ny=2\nx=3\n",
+            6,
+            "'x' for [gpu_nodes:vars] (first on line 4)",
+        ),
+    ],
+)
+def test_repeated_keys_in_an_ini_inventory_are_refused(
+    tmp_path: Path, text: str, line: int, why: str
+) -> None:
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    with pytest.raises(InputError) as exc:
+        load_inventory(path)
+    assert str(exc.value).startswith(f"{path}:{line}: duplicate key {why}"), exc.value
+
+
+def test_an_ini_inventory_that_sets_each_key_once_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("[gpu_nodes]\ngpu1 ansible_host=192.0.2.1 gpus=4\ngpu2 gpus=4\n[all:vars]\ngpus=8\n")
+    inv = load_inventory(path)
+    assert inv.host_vars("gpu1")["gpus"] == 4
+
+
+def test_ansible_tags_and_vaulted_files_stay_opaque(tmp_path: Path) -> None:
+    vault = "$ANSIBLE_VAULT;1.1;AES256\n  6162\n"
+    path = inventory(
+        tmp_path,
+        all=f"secret: !vault |\n  {vault}plain: !unsafe '{{{{ not templated }}}}'\n",
+        gpu_nodes=vault.replace("  ", ""),
+    )
+    assert [h.name for h in load_inventory(path).select(None)] == ["gpu1"]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "why"),
+    [
+        ("- gpu1\n", "a YAML inventory is a mapping of groups (all: ...), got list ['gpu1']"),
+        ("all: [gpu1]\n", "all: expected a group (hosts, vars, children), got list ['gpu1']"),
+        ("all:\n  hosts: [gpu1]\n", "all.hosts: expected a mapping, got list ['gpu1']"),
+        ("all:\n  host:\n    gpu1: {}\n", "all.host: unknown key; a group has hosts, vars, children"),
+        (
+            "all:\n  children:\n    gpu_nodes:\n      hosts:\n        gpu1: 4\n",
+            "all.children.gpu_nodes.hosts.gpu1: expected the host's variables (a mapping), got integer 4",
+        ),
+    ],
+)
+def test_a_misshapen_yaml_inventory_names_the_group_and_key(tmp_path: Path, hosts: str, why: str) -> None:
+    path = inventory(tmp_path, hosts=hosts)
+    with pytest.raises(InputError) as exc:
+        load_inventory(path)
+    assert str(exc.value) == f"{path}: {why}"
+
+
+def test_group_vars_that_are_not_variables_are_refused(tmp_path: Path) -> None:
+    path = inventory(tmp_path, gpu_nodes="- gpus: 4\n")
+    with pytest.raises(
+        InputError, match=r"gpu_nodes.yml: expected variables \(a mapping of names to values\)"
+    ):
+        load_inventory(path)
+
+
+def test_a_connection_variable_must_be_one_value(tmp_path: Path) -> None:
+    path = inventory(tmp_path, all="ansible_ssh_common_args: ['-o', 'ConnectTimeout=1']\n")
+    with pytest.raises(InputError) as exc:
+        load_inventory(path).select(None)
+    where = tmp_path / "group_vars" / "all.yml"
+    assert str(exc.value).startswith(f"{where}: ansible_ssh_common_args: expected a single value, got list")
+
+
+def test_unsafe_files_anywhere_ansible_reads_are_refused(tmp_path: Path) -> None:
+    path = inventory(tmp_path)
+    (tmp_path / "group_vars" / "gpu_nodes.yml").symlink_to("/dev/zero")
+    with pytest.raises(InputError, match=r"gpu_nodes\.yml: inventory file: a character device"):
+        load_inventory(path)
+    (tmp_path / "group_vars" / "gpu_nodes.yml").unlink()
+    os.mkfifo(tmp_path / "host_vars")  # not a directory: Ansible does not look into it
+    os.mkfifo(tmp_path / "extra.yml")
+    with pytest.raises(InputError, match=r"extra\.yml: inventory file: a FIFO"):
+        load_inventory(tmp_path)  # the directory itself as the inventory
+    (tmp_path / "extra.yml").unlink()
+    (tmp_path / "notes.md").write_bytes(b"\x00")  # ignored by Ansible in an inventory directory
+    (tmp_path / "group_vars" / "loop").symlink_to(tmp_path / "group_vars")
+    assert [h.name for h in load_inventory(tmp_path).select(None)] == ["gpu1"]
