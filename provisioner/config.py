@@ -20,7 +20,7 @@ import yaml
 
 from provisioner.content import ROLES_DIR
 from provisioner.errors import InputError
-from provisioner.yamlfile import yaml_kind
+from provisioner.yamlfile import described, yaml_kind
 
 # Knobs shared by several roles (docs/contracts.md).
 GLOBAL_KNOBS: dict[str, str] = {
@@ -320,7 +320,9 @@ def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("gpuprov_gpu_sharing_profiles", str(exc)))
         profiles = None  # already reported: the host's choice is not judged against it
     choice = values.get("gpuprov_gpu_sharing", NO_SHARING)
-    if profiles is not None and choice != NO_SHARING:
+    if not isinstance(choice, str):
+        problems.append(("gpuprov_gpu_sharing", f"expected a profile name, got {described(choice)}"))
+    elif profiles is not None and choice != NO_SHARING:
         if choice not in profiles:
             known = ", ".join([NO_SHARING, *sorted(profiles)])
             problems.append(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.yamlfile import described
 
 MIG_CONFIG = "gpuprov_mig_config"
 MIG_STRATEGY = "gpuprov_mig_strategy"
@@ -98,7 +99,7 @@ def _sharing(hostvars: Mapping[str, Any], where: str, profiles_where: str) -> di
     if name in (None, "") or _templated(name):
         return {}
     if not isinstance(name, str):
-        raise InputError(f"{where}: expected a sharing profile name or none, got {name!r}")
+        raise InputError(f"{where}: expected a sharing profile name or none, got {described(name)}")
     if name == "none":
         return {"gpu.sharing.strategy": "none"}
     profiles = hostvars.get(SHARING_PROFILES)

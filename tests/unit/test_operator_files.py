@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from provisioner import sharing
+from provisioner.config import _gpu_setting_problems
 from provisioner.errors import InputError
 from provisioner.inventory import load_inventory
 from provisioner.policy import load_policy
@@ -242,3 +245,80 @@ def test_unsafe_files_anywhere_ansible_reads_are_refused(tmp_path: Path) -> None
     (tmp_path / "notes.md").write_bytes(b"\x00")  # ignored by Ansible in an inventory directory
     (tmp_path / "group_vars" / "loop").symlink_to(tmp_path / "group_vars")
     assert [h.name for h in load_inventory(tmp_path).select(None)] == ["gpu1"]
+
+
+# ------------------------------------------------------------------------------- sharing profiles
+
+
+def ts(**resource: Any) -> dict[str, Any]:
+    return {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "gpu", **resource}]}}}
+
+
+@pytest.mark.parametrize("replicas", [1025, 10**9])
+def test_replicas_are_bounded_as_the_policy_bounds_them(replicas: int) -> None:
+    with pytest.raises(InputError, match=rf"replicas: {replicas} is more than 1024 replicas per GPU"):
+        sharing.parse_document(ts(replicas=replicas), "p")
+    assert sharing.parse_document(ts(replicas=1024), "p").resources[0].replicas == 1024
+
+
+@pytest.mark.parametrize("index", ["٣", "²", "3:٣", "99999", "1:99999"])
+def test_device_indices_are_ascii_digits_nvidia_smi_could_print(index: str) -> None:
+    with pytest.raises(InputError, match=r"devices\[0\]: .* is no GPU index"):
+        sharing.parse_document(ts(replicas=2, devices=[index]), "p")
+
+
+def test_shared_devices_count_only_ascii_indices() -> None:
+    config = sharing.SharingConfig(
+        "time-slicing", (sharing.SharedResource("nvidia.com/gpu", "", ("1", "²"), 2),)
+    )
+    assert config.allocatable(2) == {"nvidia.com/gpu": 4}
+
+
+@pytest.mark.parametrize(
+    ("doc", "why"),
+    [
+        ({"sharing": ["timeSlicing"]}, "sharing: expected a mapping with timeSlicing or mps, got list"),
+        (
+            {"sharing": {"timeSlicing": {"resources": "gpu"}}},
+            "resources: expected a list of resources, got string",
+        ),
+        ({"sharing": {"timeSlicing": [1]}}, "sharing.timeSlicing: expected a mapping, got list [1]"),
+        (ts(replicas=[4]), "replicas: expected a whole number of replicas (2-1024), got list [4]"),
+        (
+            ts(replicas=2, devices=True),
+            "devices: expected all, a count or a list of devices, got boolean True",
+        ),
+        (ts(replicas=2, devices=10**6), "a count of devices must be more than 0 and at most 4096"),
+        (
+            ts(replicas=2, name=["gpu"]),
+            "name: expected a resource name such as gpu or nvidia.com/gpu, got list",
+        ),
+    ],
+)
+def test_sharing_types_are_named_with_what_was_given(doc: dict[str, Any], why: str) -> None:
+    with pytest.raises(InputError) as exc:
+        sharing.parse_document(doc, "gpuprov_gpu_sharing_profiles.p")
+    assert why in str(exc.value) and str(exc.value).startswith("gpuprov_gpu_sharing_profiles.p: ")
+
+
+@pytest.mark.parametrize(
+    ("hostvars", "key", "why"),
+    [
+        (
+            {"gpuprov_gpu_sharing": ["ts4"]},
+            "gpuprov_gpu_sharing",
+            "expected a profile name, got list ['ts4']",
+        ),
+        ({"gpuprov_gpu_sharing": {"ts4": 1}}, "gpuprov_gpu_sharing", "expected a profile name, got mapping"),
+        (
+            {"gpuprov_gpu_sharing_profiles": {"ts4": [ts(replicas=4)]}, "gpuprov_gpu_sharing": "ts4"},
+            "gpuprov_gpu_sharing_profiles",
+            "ts4: a device plugin config is a mapping",
+        ),
+    ],
+)
+def test_a_sharing_setting_of_the_wrong_type_is_a_problem_not_a_crash(
+    hostvars: dict[str, Any], key: str, why: str
+) -> None:
+    problems = _gpu_setting_problems(hostvars)
+    assert any(k == key and why in text for k, text in problems), problems
