@@ -300,8 +300,8 @@ def _sharing_profiles(hostvars: dict[str, Any]) -> dict[str, Any]:
 def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
     """(knob, why) for the GPU sharing, MIG and tenant knobs one host gets."""
     problems: list[tuple[str, str]] = []
-    values = {k: hostvars[k] for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES) and k in hostvars}
-    if any(_templated(v) for v in values.values()):
+    values = _gpu_knobs(hostvars)
+    if any(_templated(v) for k, v in values.items() if k != "gpu_operator_namespace"):
         return problems  # Ansible's to render; the roles assert what they get
     strategy = values.get("gpuprov_mig_strategy", "single")
     if strategy not in MIG_STRATEGIES:
@@ -339,20 +339,22 @@ def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
             except InputError as exc:
                 config = values.get("gpuprov_mig_config")
                 problems.append(("gpuprov_gpu_sharing", f"{exc} (gpuprov_mig_config: {config})"))
-    if isinstance(values.get("gpuprov_tenants"), list):
-        from provisioner.tenants import parse_tenants
+    for knob in TENANT_KNOBS:
+        if knob not in values:
+            continue
+        from provisioner.tenants import operator_namespace, parse_tenants
 
         try:
-            tenants = parse_tenants(_plain(values["gpuprov_tenants"]), "gpuprov_tenants")
+            tenants = parse_tenants(_plain(values[knob]), knob, operator_namespace(values))
         except InputError as exc:
-            problems.append(("gpuprov_tenants", str(exc)))
-            tenants = ()
+            problems.append((knob, str(exc)))
+            continue
         mig_tenant = next((i for i, t in enumerate(tenants) if t.mig), None)
         if mig_tenant is not None and strategy != "mixed":
             problems.append(
                 (
-                    "gpuprov_tenants",
-                    f"gpuprov_tenants[{mig_tenant}].mig: MIG quotas (nvidia.com/mig-<profile>) exist only "
+                    knob,
+                    f"{knob}[{mig_tenant}].mig: MIG quotas (nvidia.com/mig-<profile>) exist only "
                     "under gpuprov_mig_strategy: mixed; under single MIG devices count as nvidia.com/gpu",
                 )
             )
@@ -360,6 +362,18 @@ def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 _GPU_KNOB_PREFIXES = ("gpuprov_mig_", "gpuprov_gpu_", "gpuprov_tenants", "gpuprov_node_pool")
+# The tenant lists: the knob, and the gpu_tenants role's own list, which defaults to it (an inventory
+# may set either; both reach the role).
+TENANT_KNOBS = ("gpuprov_tenants", "gpu_tenants_list")
+# Role knobs the GPU checks read beside GLOBAL_KNOBS: the role's tenant list and the namespace the GPU
+# Operator runs in, which no tenant may take.
+_GPU_ROLE_KNOBS = ("gpu_tenants_list", "gpu_operator_namespace")
+
+
+def _gpu_knobs(hostvars: dict[str, Any]) -> dict[str, Any]:
+    """The GPU sharing, MIG and tenant settings among a host's variables."""
+    names = [k for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES)] + list(_GPU_ROLE_KNOBS)
+    return {k: hostvars[k] for k in names if k in hostvars}
 
 
 # ------------------------------------------------------------------------------------ checking a host
@@ -487,7 +501,7 @@ def _version_problems(hostvars: dict[str, Any], known: dict[str, str]) -> list[t
 
 def _cached_gpu_problems(hostvars: dict[str, Any], specs: RoleSpecs) -> list[tuple[str, str]]:
     """_gpu_setting_problems, once per distinct set of values (a fleet shares its group_vars)."""
-    relevant = {k: hostvars[k] for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES) and k in hostvars}
+    relevant = _gpu_knobs(hostvars)
     if not relevant:
         return []
     seen = repr(_plain(relevant))

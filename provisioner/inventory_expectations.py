@@ -156,10 +156,10 @@ def declared(
         out["monitoring.dcgm_exporter"] = (exporter, where(OPERATOR_VALUES)[1])
     value = hostvars.get(TENANTS)
     if value is not None and not _templated(value):
-        from provisioner.tenants import parse_tenants
+        from provisioner.tenants import operator_namespace, parse_tenants
 
         at, source = where(TENANTS)
-        tenants = parse_tenants(value, at)
+        tenants = parse_tenants(value, at, operator_namespace(hostvars))
         if tenants:
             out["tenants.quota"] = (tenants, source)
     return out

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from provisioner import sharing
+from provisioner import sharing, tenants
 from provisioner.config import _gpu_setting_problems
+from provisioner.content import role_default
 from provisioner.errors import InputError
 from provisioner.inventory import load_inventory
 from provisioner.policy import load_policy
@@ -322,3 +323,48 @@ def test_a_sharing_setting_of_the_wrong_type_is_a_problem_not_a_crash(
 ) -> None:
     problems = _gpu_setting_problems(hostvars)
     assert any(k == key and why in text for k, text in problems), problems
+
+
+# ----------------------------------------------------------------------------------------- tenants
+
+
+@pytest.mark.parametrize("namespace", [*tenants.SYSTEM_NAMESPACES, "gpu-operator"])
+def test_a_tenant_in_the_clusters_own_namespace_is_refused(namespace: str) -> None:
+    with pytest.raises(InputError, match=rf"gpuprov_tenants\[0\]\.name: '{namespace}' is "):
+        tenants.parse_tenants([{"name": namespace, "gpus": 1}], "gpuprov_tenants")
+    with pytest.raises(InputError, match=rf"gpuprov_tenants\[0\]\.namespace: '{namespace}' is "):
+        tenants.parse_tenants([{"name": "team-a", "namespace": namespace, "gpus": 1}], "gpuprov_tenants")
+
+
+def test_the_operators_namespace_is_the_inventorys_or_the_roles_default() -> None:
+    assert role_default("gpu_operator", "gpu_operator_namespace") == tenants.DEFAULT_OPERATOR_NAMESPACE
+    moved = {"gpu_operator_namespace": "nvidia", "gpuprov_tenants": [{"name": "nvidia", "gpus": 2}]}
+    assert any("GPU Operator's namespace" in why for _, why in _gpu_setting_problems(moved))
+    moved["gpuprov_tenants"] = [{"name": "gpu-operator", "gpus": 2}]  # free once the operator moved
+    assert _gpu_setting_problems(moved) == []
+
+
+def test_the_roles_own_tenant_list_is_checked_too() -> None:
+    problems = _gpu_setting_problems({"gpu_tenants_list": [{"name": "kube-system", "gpus": 1}]})
+    assert problems and problems[0][0] == "gpu_tenants_list" and "Kubernetes' own namespace" in problems[0][1]
+
+
+@pytest.mark.parametrize(
+    ("tenant", "why"),
+    [
+        (
+            {"name": ["a"], "gpus": 1},
+            ".name: expected a namespace-style name (a-z, 0-9, '-'), got list ['a']",
+        ),
+        ({"name": "a", "mig": [1]}, ".mig: expected a mapping of MIG profile → count, got list [1]"),
+        (
+            {"name": "a", "mig": {"1g.18gb": "2"}},
+            ".mig.1g.18gb: expected a whole number from 0 to 100000, got string '2'",
+        ),
+        ("team-a", ": expected a mapping (keys: name, namespace"),
+    ],
+)
+def test_tenant_types_are_named_with_what_was_given(tenant: Any, why: str) -> None:
+    with pytest.raises(InputError) as exc:
+        tenants.parse_tenants([tenant], "gpuprov_tenants")
+    assert str(exc.value).startswith("gpuprov_tenants[0]") and why in str(exc.value)
