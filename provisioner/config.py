@@ -262,6 +262,12 @@ def _mig_configs(hostvars: dict[str, Any]) -> dict[str, Any]:
     for name in configs:
         if why := _label_value_problem(name):
             raise InputError(f"gpuprov_mig_custom_configs: mig-configs.{why}")
+    # A layout no GPU could hold is refused here, with the profile tables gpuprov has, instead of by
+    # `mig apply` once connected or by the MIG manager on the node.
+    unholdable = mig.offline_problems(configs)
+    if unholdable:
+        more = f" (and {len(unholdable) - 1} more)" if len(unholdable) > 1 else ""
+        raise InputError(f"gpuprov_mig_custom_configs: {unholdable[0]}{more}")
     return configs
 
 

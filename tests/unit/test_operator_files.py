@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from provisioner import sharing, tenants
-from provisioner.config import _gpu_setting_problems
+from provisioner.config import _gpu_setting_problems, load_role_specs, validate_inventory_settings
 from provisioner.content import role_default
 from provisioner.errors import InputError
 from provisioner.inventory import load_inventory
@@ -368,3 +368,78 @@ def test_tenant_types_are_named_with_what_was_given(tenant: Any, why: str) -> No
     with pytest.raises(InputError) as exc:
         tenants.parse_tenants([tenant], "gpuprov_tenants")
     assert str(exc.value).startswith("gpuprov_tenants[0]") and why in str(exc.value)
+
+
+# --------------------------------------------------------------------------------------- MIG layouts
+
+
+def custom(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"gpuprov_mig_custom_configs": {"version": "v1", "mig-configs": {"mine": [entry]}}}
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        (
+            {"mig-devices": {"3g.99gb": 1}},
+            "mig-configs.mine[0]: no GPU gpuprov knows (NVIDIA A100-SXM4-40GB, ",
+        ),
+        ({"mig-devices": {"9g.99gb": 1}}, "has MIG profile '9g.99gb'"),
+        ({"mig-devices": {"1g.18gb": 100}}, "NVIDIA H200 141GB holds at most 7 × 1g.18gb, not 100"),
+        ({"mig-devices": {"3g.71gb": 2, "2g.35gb": 1}}, "need 8 compute and 10 memory slices"),
+        ({"mig-devices": {"3g.71gb": 1, "3g.40gb": 1}}, "no GPU has every profile of 3g.40gb, 3g.71gb"),
+        (
+            {"device-filter": "0x20B010DE", "mig-devices": {"1g.18gb": 1}},
+            "(NVIDIA A100-SXM4-40GB) has MIG profile",
+        ),
+        ({"mig-devices": {"1g.18gb": 10**9}}, "mig-devices.1g.18gb: expected a count from 0 to 4095"),
+        ({"mig-devices": {"1g.18gb": True}}, "expected a count from 0 to 4095, got boolean True"),
+        ({"mig-devices": [{"1g.18gb": 1}]}, "mig-devices: expected profile name → count, got list"),
+        ({"mig-devices": {"big": 1}}, "mig-devices: string 'big' is no MIG profile"),
+        ({"devices": [True], "mig-devices": {}}, "devices: expected `all` or a list of GPU indices (0-4095)"),
+    ],
+)
+def test_a_layout_no_gpu_can_hold_is_judged_offline(entry: dict[str, Any], why: str) -> None:
+    problems = _gpu_setting_problems(custom({"devices": "all", "mig-enabled": True, **entry}))
+    assert [k for k, _ in problems] == ["gpuprov_mig_custom_configs"] and why in problems[0][1], problems
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"mig-devices": {"3g.71gb": 2}},  # an H200's
+        {"mig-devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}},  # an H100's or an A100 80GB's
+        {"device-filter": "0x2B8510DE", "mig-devices": {"1g.23gb": 7}},  # a GPU without a table here
+        {"mig-enabled": False, "mig-devices": {}},
+    ],
+)
+def test_layouts_some_gpu_holds_pass(entry: dict[str, Any]) -> None:
+    assert _gpu_setting_problems(custom({"devices": "all", "mig-enabled": True, **entry})) == []
+
+
+def test_mig_apply_judges_layouts_before_contacting_anything(tmp_path: Path) -> None:
+    from provisioner.migapply.verb import run_mig_apply
+
+    hosts = (
+        "all:\n  children:\n    kube_control_plane:\n      hosts: {cp1: {ansible_host: 192.0.2.10}}\n"
+        "    gpu_nodes:\n      vars: {gpuprov_mig_strategy: mixed, gpuprov_mig_config: mine}\n"
+        "      hosts: {gpu1: {ansible_host: 192.0.2.11}}\n"
+    )
+    layout = "gpuprov_mig_custom_configs:\n  version: v1\n  mig-configs:\n    mine:\n      - devices: all\n"
+    layout += "        mig-enabled: true\n        mig-devices: {'1g.18gb': 9}\n"
+    path = inventory(tmp_path, hosts=hosts, all=layout)
+
+    def no_fleet(**kw: Any) -> Any:
+        raise AssertionError("a fleet was made: hosts would be contacted")
+
+    with pytest.raises(InputError, match=r"holds at most 7 × 1g\.18gb, not 9"):
+        run_mig_apply(inventory=path, dry_run=True, fleet_factory=no_fleet)
+
+
+def test_validation_names_the_file_of_a_bad_layout(tmp_path: Path) -> None:
+    layout = "gpuprov_mig_custom_configs:\n  version: v1\n  mig-configs:\n    mine:\n      - devices: all\n"
+    layout += "        mig-enabled: true\n        mig-devices: {'3g.99gb': 1}\n"
+    path = inventory(tmp_path, all=layout)
+    inv = load_inventory(path)
+    with pytest.raises(InputError, match=rf"{tmp_path}/group_vars/all.yml: gpuprov_mig_custom_configs: "):
+        validate_inventory_settings(inv, inv.select(None), load_role_specs())
