@@ -443,3 +443,44 @@ def test_validation_names_the_file_of_a_bad_layout(tmp_path: Path) -> None:
     inv = load_inventory(path)
     with pytest.raises(InputError, match=rf"{tmp_path}/group_vars/all.yml: gpuprov_mig_custom_configs: "):
         validate_inventory_settings(inv, inv.select(None), load_role_specs())
+
+
+# --------------------------------------------------------------------------------- check mode's words
+
+
+def test_check_mode_never_says_nothing_would_change_of_a_host_it_could_not_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.bootstrap.render import change_lines
+    from provisioner.bootstrap.verb import ENTRIES, run_bootstrap
+    from provisioner.runner import Failure, HostStats, PlaybookResult
+
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
+    hosts = "all:\n  children:\n    kube_control_plane:\n      hosts: {cp1: {ansible_host: 192.0.2.10}}\n"
+
+    def unreachable(*args: Any, **kw: Any) -> PlaybookResult:
+        why = "ssh: connect to host 192.0.2.10 port 22: No route to host"
+        return PlaybookResult(
+            "failed",
+            4,
+            stats={"cp1": HostStats("cp1", unreachable=1)},
+            failures=[Failure("cp1", "Facts", "Gathering Facts", why, unreachable=True)],
+        )
+
+    monkeypatch.setattr("provisioner.runner.run_playbook", unreachable)
+    result = run_bootstrap(
+        inventory=inventory(tmp_path, hosts=hosts),
+        only=[],
+        skip=[],
+        limit=None,
+        check=True,
+        assume_yes=False,
+        retry_failed=False,
+        forks=1,
+        entry=ENTRIES["tenants"],
+    )
+    assert result.exit_code != 0 and result.summary is not None
+    assert result.summary["hosts"][0]["status"] == "unreachable"
+    assert result.summary["changes"] == {}  # no empty list that reads as "no change"
+    lines = change_lines(result.summary["changes"], result.summary["hosts"])
+    assert lines == ["cp1: could not be reached: what would change there is unknown"]
