@@ -20,6 +20,7 @@ import yaml
 
 from provisioner.content import ROLES_DIR
 from provisioner.errors import InputError
+from provisioner.yamlfile import described, yaml_kind
 
 # Knobs shared by several roles (docs/contracts.md).
 GLOBAL_KNOBS: dict[str, str] = {
@@ -132,19 +133,6 @@ def load_role_specs(roles_dir: Path = ROLES_DIR) -> RoleSpecs:
     for role in [*sorted(set(specs.prefixes.values())), _GLOBAL]:
         specs.validator(role)
     return specs
-
-
-def yaml_kind(value: Any) -> str:
-    """What a value is, in YAML's words (Ansible wraps values in its own classes, whose names mean
-    nothing to a user: _AnsibleTaggedStr is a string)."""
-    for kind, types in (("boolean", bool), ("string", str), ("integer", int), ("number", float)):
-        if isinstance(value, types):
-            return kind
-    if isinstance(value, dict):
-        return "mapping"
-    if isinstance(value, list | tuple):
-        return "list"
-    return "null" if value is None else "value"
 
 
 def _templated(value: Any) -> bool:
@@ -274,6 +262,12 @@ def _mig_configs(hostvars: dict[str, Any]) -> dict[str, Any]:
     for name in configs:
         if why := _label_value_problem(name):
             raise InputError(f"gpuprov_mig_custom_configs: mig-configs.{why}")
+    # A layout no GPU could hold is refused here, with the profile tables gpuprov has, instead of by
+    # `mig apply` once connected or by the MIG manager on the node.
+    unholdable = mig.offline_problems(configs)
+    if unholdable:
+        more = f" (and {len(unholdable) - 1} more)" if len(unholdable) > 1 else ""
+        raise InputError(f"gpuprov_mig_custom_configs: {unholdable[0]}{more}")
     return configs
 
 
@@ -312,8 +306,8 @@ def _sharing_profiles(hostvars: dict[str, Any]) -> dict[str, Any]:
 def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
     """(knob, why) for the GPU sharing, MIG and tenant knobs one host gets."""
     problems: list[tuple[str, str]] = []
-    values = {k: hostvars[k] for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES) and k in hostvars}
-    if any(_templated(v) for v in values.values()):
+    values = _gpu_knobs(hostvars)
+    if any(_templated(v) for k, v in values.items() if k != "gpu_operator_namespace"):
         return problems  # Ansible's to render; the roles assert what they get
     strategy = values.get("gpuprov_mig_strategy", "single")
     if strategy not in MIG_STRATEGIES:
@@ -332,7 +326,9 @@ def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("gpuprov_gpu_sharing_profiles", str(exc)))
         profiles = None  # already reported: the host's choice is not judged against it
     choice = values.get("gpuprov_gpu_sharing", NO_SHARING)
-    if profiles is not None and choice != NO_SHARING:
+    if not isinstance(choice, str):
+        problems.append(("gpuprov_gpu_sharing", f"expected a profile name, got {described(choice)}"))
+    elif profiles is not None and choice != NO_SHARING:
         if choice not in profiles:
             known = ", ".join([NO_SHARING, *sorted(profiles)])
             problems.append(
@@ -349,20 +345,22 @@ def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
             except InputError as exc:
                 config = values.get("gpuprov_mig_config")
                 problems.append(("gpuprov_gpu_sharing", f"{exc} (gpuprov_mig_config: {config})"))
-    if isinstance(values.get("gpuprov_tenants"), list):
-        from provisioner.tenants import parse_tenants
+    for knob in TENANT_KNOBS:
+        if knob not in values:
+            continue
+        from provisioner.tenants import operator_namespace, parse_tenants
 
         try:
-            tenants = parse_tenants(_plain(values["gpuprov_tenants"]), "gpuprov_tenants")
+            tenants = parse_tenants(_plain(values[knob]), knob, operator_namespace(values))
         except InputError as exc:
-            problems.append(("gpuprov_tenants", str(exc)))
-            tenants = ()
+            problems.append((knob, str(exc)))
+            continue
         mig_tenant = next((i for i, t in enumerate(tenants) if t.mig), None)
         if mig_tenant is not None and strategy != "mixed":
             problems.append(
                 (
-                    "gpuprov_tenants",
-                    f"gpuprov_tenants[{mig_tenant}].mig: MIG quotas (nvidia.com/mig-<profile>) exist only "
+                    knob,
+                    f"{knob}[{mig_tenant}].mig: MIG quotas (nvidia.com/mig-<profile>) exist only "
                     "under gpuprov_mig_strategy: mixed; under single MIG devices count as nvidia.com/gpu",
                 )
             )
@@ -370,6 +368,18 @@ def _gpu_setting_problems(hostvars: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 _GPU_KNOB_PREFIXES = ("gpuprov_mig_", "gpuprov_gpu_", "gpuprov_tenants", "gpuprov_node_pool")
+# The tenant lists: the knob, and the gpu_tenants role's own list, which defaults to it (an inventory
+# may set either; both reach the role).
+TENANT_KNOBS = ("gpuprov_tenants", "gpu_tenants_list")
+# Role knobs the GPU checks read beside GLOBAL_KNOBS: the role's tenant list and the namespace the GPU
+# Operator runs in, which no tenant may take.
+_GPU_ROLE_KNOBS = ("gpu_tenants_list", "gpu_operator_namespace")
+
+
+def _gpu_knobs(hostvars: dict[str, Any]) -> dict[str, Any]:
+    """The GPU sharing, MIG and tenant settings among a host's variables."""
+    names = [k for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES)] + list(_GPU_ROLE_KNOBS)
+    return {k: hostvars[k] for k in names if k in hostvars}
 
 
 # ------------------------------------------------------------------------------------ checking a host
@@ -497,7 +507,7 @@ def _version_problems(hostvars: dict[str, Any], known: dict[str, str]) -> list[t
 
 def _cached_gpu_problems(hostvars: dict[str, Any], specs: RoleSpecs) -> list[tuple[str, str]]:
     """_gpu_setting_problems, once per distinct set of values (a fleet shares its group_vars)."""
-    relevant = {k: hostvars[k] for k in GLOBAL_KNOBS if k.startswith(_GPU_KNOB_PREFIXES) and k in hostvars}
+    relevant = _gpu_knobs(hostvars)
     if not relevant:
         return []
     seen = repr(_plain(relevant))

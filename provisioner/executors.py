@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from provisioner.errors import GpuprovError, InputError
+from provisioner.yamlfile import read_operator_file
 
 if TYPE_CHECKING:  # paramiko is imported lazily: `gpuprov --help` must stay instant.
     import paramiko
@@ -503,10 +504,11 @@ class SshConfig:
 
 
 def _read_config(path: Path) -> str:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ssh config: {exc}") from exc
+    """An ssh_config file, read as every file an operator names is (bounded, a regular text file: a FIFO
+    or /dev/zero there must not hang or fill the controller); /dev/null is the usual "no config"."""
+    if os.path.realpath(path) == os.devnull:
+        return ""
+    return read_operator_file(path, "ssh config")
 
 
 _CONFIGS_LOCK = threading.Lock()

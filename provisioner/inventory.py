@@ -17,7 +17,7 @@ from typing import Any
 
 from provisioner.errors import InputError
 from provisioner.hosttext import first_line
-from provisioner.yamlfile import check_ansible_yaml
+from provisioner.yamlfile import described, is_yaml, load_ansible_yaml, read_operator_file
 
 _TRUE = {"1", "yes", "true", "on", "y"}
 
@@ -94,22 +94,188 @@ def ansible_bool(value: Any, default: bool) -> bool:
     return str(value).strip().lower() in _TRUE
 
 
-def check_yaml_files(source: Path) -> None:
-    """Every YAML file of an inventory (the file or directory, group_vars/, host_vars/) parses, or an
-    InputError names the file and line: Ansible would only say that no plugin could parse the source,
-    after trying INI on a YAML file, or fail later naming neither."""
-    base = source if source.is_dir() else source.parent
-    files = [source] if source.is_file() and source.suffix in (".yml", ".yaml") else []
+# The names Ansible reads a vars file under (group_vars/NAME, NAME.yml, ...: its YAML_FILENAME_EXTENSIONS).
+_VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")
+_YAML_EXTENSIONS = (".yml", ".yaml", ".json")
+# A file Ansible Vault encrypted whole starts so; Ansible decrypts it before reading it.
+_VAULT_HEADER = "$ANSIBLE_VAULT;"
+
+
+def check_inventory_files(source: Path) -> None:
+    """Every file Ansible will read for the inventory `source` is checked first, the way Ansible finds
+    them: the file itself, or every file of the directory (recursively, skipping what Ansible ignores);
+    and everything under group_vars/ and host_vars/ next to it. Each must be a bounded text file
+    (provisioner.yamlfile: no FIFO, device or huge file), and a YAML one parses strictly (no alias, no
+    repeated key, no deep nesting); otherwise an InputError names the file and line. Ansible would only
+    say that no plugin could parse the source, after trying INI on a YAML file, or warn about a repeated
+    key and use its last value, or hang on a FIFO."""
+    seen: set[str] = set()
     if source.is_dir():
-        files += sorted(p for p in source.iterdir() if p.is_file() and p.suffix in (".yml", ".yaml"))
+        _check_inventory_dir(source, seen)
+    else:
+        _check_inventory_file(source)
+    base = source if source.is_dir() else source.parent
     for sub in ("group_vars", "host_vars"):
-        d = base / sub
-        if d.is_dir():
-            files += sorted(
-                p for p in d.rglob("*") if p.is_file() and p.suffix in ("", ".yml", ".yaml", ".json")
-            )
-    for path in files:
-        check_ansible_yaml(path)
+        vars_dir = base / sub
+        if vars_dir.is_dir():
+            _check_vars_dir(vars_dir, seen, top=True)
+
+
+def _first_visit(directory: Path, seen: set[str]) -> bool:
+    """False for a directory already walked (a symlink loop, or a link to a sibling)."""
+    real = os.path.realpath(directory)
+    if real in seen:
+        return False
+    seen.add(real)
+    return True
+
+
+def _check_inventory_file(path: Path) -> None:
+    """One inventory file, as Ansible's plugins try it: by extension YAML, else YAML first (its YAML plugin
+    takes a mapping), then INI."""
+    text = read_operator_file(path, "inventory file")
+    if text.startswith(_VAULT_HEADER):
+        return
+    if path.suffix in _YAML_EXTENSIONS:
+        _check_yaml_inventory(load_ansible_yaml(text, path), path)
+        return
+    try:
+        doc = load_ansible_yaml(text, path)
+    except InputError:
+        if is_yaml(text):
+            raise  # YAML that breaks a rule (an alias, a repeated key): the YAML plugin would read it
+        doc = None
+    if isinstance(doc, dict):
+        _check_yaml_inventory(doc, path)
+    else:
+        _check_ini_repeats(text, path)
+
+
+# The keys of a group in a YAML inventory (Ansible's YAML plugin skips any other with a warning: a
+# misspelt `host:` leaves the group without its hosts).
+_GROUP_KEYS = ("hosts", "vars", "children")
+
+
+def _check_yaml_inventory(doc: Any, path: Path) -> None:
+    """A YAML inventory's shape: groups of hosts, vars and children, each a mapping. Ansible would skip
+    a misshapen group with a warning, or fail naming neither the group nor the key."""
+    if doc is None:
+        return  # Ansible says the file is empty
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: a YAML inventory is a mapping of groups (all: ...), got {described(doc)}")
+    if "plugin" in doc:
+        return  # an inventory plugin's configuration (auto plugin): the plugin's to read
+    for name, group in doc.items():
+        _check_group(group, str(name), path)
+
+
+def _check_group(group: Any, at: str, path: Path) -> None:
+    if group is None:
+        return
+    if not isinstance(group, dict):
+        raise InputError(f"{path}: {at}: expected a group (hosts, vars, children), got {described(group)}")
+    for key, value in group.items():
+        if key not in _GROUP_KEYS:
+            raise InputError(f"{path}: {at}.{key}: unknown key; a group has {', '.join(_GROUP_KEYS)}")
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise InputError(f"{path}: {at}.{key}: expected a mapping, got {described(value)}")
+        if key == "hosts":
+            for host, host_vars in value.items():
+                if host_vars is not None and not isinstance(host_vars, dict):
+                    raise InputError(
+                        f"{path}: {at}.hosts.{host}: expected the host's variables (a mapping), "
+                        f"got {described(host_vars)}"
+                    )
+        elif key == "children":
+            for child, data in value.items():
+                _check_group(data, f"{at}.children.{child}", path)
+
+
+def _check_vars_file(path: Path) -> None:
+    text = read_operator_file(path, "inventory file")
+    if text.startswith(_VAULT_HEADER):
+        return
+    doc = load_ansible_yaml(text, path)
+    if doc is not None and not isinstance(doc, dict):
+        raise InputError(f"{path}: expected variables (a mapping of names to values), got {described(doc)}")
+
+
+# An INI inventory's section header, as Ansible's INI plugin reads it: [group], [group:vars], ...
+_INI_SECTION = re.compile(r"\[([^:\]\s]+)(?::(\w+))?\]\s*(?:[#;].*)?")
+
+
+def _check_ini_repeats(text: str, path: Path) -> None:
+    """An INI inventory sets each variable once per group (in [group:vars]) and per host (on its host
+    lines): Ansible keeps the last of two values without a word. Lines Ansible cannot parse are left
+    to it (it names them)."""
+    group, state = "ungrouped", "hosts"
+    first_seen: dict[tuple[str, str, str], int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        section = _INI_SECTION.fullmatch(line)
+        if section:
+            group, state = section[1], section[2] or "hosts"
+            continue
+        if state == "vars" and "=" in line:
+            keys = [("group", group, line.split("=", 1)[0].strip())]
+        elif state == "hosts":
+            try:
+                tokens = shlex.split(line, comments=True)
+            except ValueError:
+                continue
+            keys = [("host", tokens[0], t.split("=", 1)[0]) for t in tokens[1:] if "=" in t] if tokens else []
+        else:
+            continue
+        on_this_line: set[tuple[str, str, str]] = set()
+        for key in keys:
+            first = first_seen.setdefault(key, number)
+            if first != number or key in on_this_line:
+                where = f"[{group}:vars]" if key[0] == "group" else f"host {key[1]}"
+                raise InputError(
+                    f"{path}:{number}: duplicate key {key[2][:80]!r} for {where} (first on line {first}): "
+                    "Ansible would keep the last value"
+                )
+            on_this_line.add(key)
+
+
+def _check_inventory_dir(directory: Path, seen: set[str]) -> None:
+    """An inventory directory as Ansible's InventoryManager walks it (its IGNORED names left out)."""
+    from ansible.inventory.manager import IGNORED
+
+    if not _first_visit(directory, seen):
+        return
+    for name in sorted(os.listdir(directory)):
+        if IGNORED.search(os.fsencode(name)):
+            continue
+        path = directory / name
+        if path.is_dir():
+            _check_inventory_dir(path, seen)
+        else:
+            _check_inventory_file(path)
+
+
+def _check_vars_dir(directory: Path, seen: set[str], *, top: bool = False) -> None:
+    """group_vars/ or host_vars/ as Ansible's vars plugin reads them. At the top, NAME or NAME.yml
+    (.yaml, .json) for a group or host NAME, as a file or a directory: a host named by its address
+    (host_vars/192.0.2.7) has no extension of its own, so every entry is checked but those Ansible
+    ignores in an inventory directory (README.md, backups). Inside a directory, the files with one of
+    those extensions or none. Hidden files and backups (NAME~) are nobody's: Ansible passes them by."""
+    from ansible.inventory.manager import IGNORED
+
+    if not _first_visit(directory, seen):
+        return
+    for name in sorted(os.listdir(directory)):
+        if name.startswith(".") or name.endswith("~") or (top and IGNORED.search(os.fsencode(name))):
+            continue
+        path = directory / name
+        if path.is_dir():
+            _check_vars_dir(path, seen)
+        elif top or os.path.splitext(name)[1] in _VARS_EXTENSIONS:
+            _check_vars_file(path)
 
 
 # Inventory host names gpuprov accepts: what a host name or an IPv4 address needs, and no character that
@@ -141,6 +307,24 @@ def check_limit(pattern: str) -> None:
             )
 
 
+# The variables that say how to reach a host: gpuprov's own SSH connections read them. Each is one
+# value (a string, a number or a boolean), never a list or a mapping.
+CONNECTION_VARS = (
+    "ansible_host",
+    "ansible_port",
+    "ansible_ssh_port",
+    "ansible_user",
+    "ansible_ssh_user",
+    "ansible_ssh_private_key_file",
+    "ansible_private_key_file",
+    "ansible_ssh_common_args",
+    "ansible_ssh_extra_args",
+    "ansible_host_key_checking",
+    "ansible_password",
+    "ansible_ssh_pass",
+)
+
+
 class Inventory:
     """A parsed inventory. `select()` applies an Ansible host pattern (as --limit does)."""
 
@@ -157,7 +341,7 @@ class Inventory:
 
         if not source.exists():
             raise InputError(f"{source}: inventory not found")
-        check_yaml_files(source)
+        check_inventory_files(source)
         C.INVENTORY_UNPARSED_IS_FAILED = True
         C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
         self._loader = DataLoader()
@@ -261,21 +445,17 @@ class Inventory:
         from ansible.errors import AnsibleError
         from ansible.template import Templar
 
-        keys = (
-            "ansible_host",
-            "ansible_port",
-            "ansible_ssh_port",
-            "ansible_user",
-            "ansible_ssh_user",
-            "ansible_ssh_private_key_file",
-            "ansible_private_key_file",
-            "ansible_ssh_common_args",
-            "ansible_ssh_extra_args",
-            "ansible_host_key_checking",
-            "ansible_password",
-            "ansible_ssh_pass",
-        )
-        wanted = {k: hv[k] for k in keys if k in hv}
+        wanted = {k: hv[k] for k in CONNECTION_VARS if k in hv}
+        for key, value in wanted.items():
+            if isinstance(value, dict | list | tuple):
+                from provisioner.inventory_expectations import origin
+
+                host = self._manager.get_host(name)
+                groups = [g.name for g in host.get_groups()] if host else []
+                where = origin(self.source, name, groups, key)[0]
+                raise InputError(
+                    f"{where}: {key}: expected a single value, got {described(value)} (host {name})"
+                )
         if not any(isinstance(v, str) and "{{" in v for v in wanted.values()):
             return wanted
         templar = Templar(loader=self._loader, variables=hv)

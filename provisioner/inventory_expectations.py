@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.yamlfile import described
 
 MIG_CONFIG = "gpuprov_mig_config"
 MIG_STRATEGY = "gpuprov_mig_strategy"
@@ -98,7 +99,7 @@ def _sharing(hostvars: Mapping[str, Any], where: str, profiles_where: str) -> di
     if name in (None, "") or _templated(name):
         return {}
     if not isinstance(name, str):
-        raise InputError(f"{where}: expected a sharing profile name or none, got {name!r}")
+        raise InputError(f"{where}: expected a sharing profile name or none, got {described(name)}")
     if name == "none":
         return {"gpu.sharing.strategy": "none"}
     profiles = hostvars.get(SHARING_PROFILES)
@@ -155,10 +156,10 @@ def declared(
         out["monitoring.dcgm_exporter"] = (exporter, where(OPERATOR_VALUES)[1])
     value = hostvars.get(TENANTS)
     if value is not None and not _templated(value):
-        from provisioner.tenants import parse_tenants
+        from provisioner.tenants import operator_namespace, parse_tenants
 
         at, source = where(TENANTS)
-        tenants = parse_tenants(value, at)
+        tenants = parse_tenants(value, at, operator_namespace(hostvars))
         if tenants:
             out["tenants.quota"] = (tenants, source)
     return out

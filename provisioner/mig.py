@@ -6,7 +6,8 @@ checks the file's structure but not whether a GPU has the profiles it names (a m
 passes), so the driver refuses the layout only once gpuprov is already rolling it out. This module
 checks, before anything is touched: the structure (the fields mig-parted knows), that every profile
 exists on the GPU, that no profile is asked for more often than the GPU offers it, that the instances fit
-the GPU's 7 compute and 8 memory slices, and the driver branch that supports MIG on the GPU.
+the GPU's 7 compute and 8 memory slices, and the driver branch that supports MIG on the GPU. A layout no
+GPU with a table here could hold is refused even before any host is known (offline_problems).
 
 The profile tables are NVIDIA's ("Supported MIG Profiles", NVIDIA Multi-Instance GPU User Guide), keyed
 by PCI device id as mig-parted's ``device-filter`` writes it (``0x233510DE``: device 0x2335, vendor
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.yamlfile import load_strict
+from provisioner.yamlfile import described, load_strict
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
@@ -163,6 +164,14 @@ def table_from_profiles(name: str, min_branch: int, read: Mapping[str, ReadProfi
 
 
 _CONFIG_KEYS = {"devices", "mig-enabled", "mig-devices", "device-filter"}
+# A GPU index nvidia-smi could print (provisioner.hostnumbers.is_index's bound).
+MAX_GPU_INDEX = 4095
+# A count of instances is bounded before any arithmetic; how many of a profile a GPU holds (7 at most)
+# is its profile table's to say (check_layout, offline_problems), with a message naming the GPU.
+MAX_COUNT = 4095
+# A MIG profile's name as mig-parted takes it: an optional compute-instance part (1c.), the GPU instance's
+# compute slices and memory, an optional extension (1g.18gb+me).
+_PROFILE_NAME = re.compile(r"([0-9]{1,2}c\.)?[0-9]{1,2}g\.[0-9]{1,4}gb([+-][a-z.]{1,12})?")
 _FILTER = re.compile(r"0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
 
 
@@ -206,19 +215,26 @@ def _entry(raw: Any, where: str) -> MigEntry:
     devices = raw.get("devices")
     if devices == "all":
         picked: str | tuple[int, ...] = "all"
-    elif isinstance(devices, list) and devices and all(isinstance(d, int) and d >= 0 for d in devices):
+    elif isinstance(devices, list) and devices and all(_is_gpu_index(d) for d in devices):
         picked = tuple(devices)
     else:
-        raise InputError(f"{where}.devices: expected `all` or a list of GPU indices")
+        raise InputError(
+            f"{where}.devices: expected `all` or a list of GPU indices (0-{MAX_GPU_INDEX}), "
+            f"got {described(devices)}"
+        )
     enabled = raw.get("mig-enabled")
     if not isinstance(enabled, bool):
-        raise InputError(f"{where}.mig-enabled: expected true or false")
-    mig_devices = raw.get("mig-devices") or {}
-    if not isinstance(mig_devices, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        for k, v in mig_devices.items()
-    ):
-        raise InputError(f"{where}.mig-devices: expected profile name → count")
+        raise InputError(f"{where}.mig-enabled: expected true or false, got {described(enabled)}")
+    mig_devices = raw.get("mig-devices")
+    mig_devices = {} if mig_devices is None else mig_devices
+    if not isinstance(mig_devices, dict):
+        raise InputError(f"{where}.mig-devices: expected profile name → count, got {described(mig_devices)}")
+    for profile, count in mig_devices.items():
+        if not isinstance(profile, str) or not _PROFILE_NAME.fullmatch(profile):
+            raise InputError(f"{where}.mig-devices: {described(profile)} is no MIG profile such as 1g.18gb")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+            why = f"expected a count from 0 to {MAX_COUNT}, got {described(count)}"
+            raise InputError(f"{where}.mig-devices.{profile}: {why}")
     if mig_devices and not enabled:
         raise InputError(f"{where}: mig-devices given with mig-enabled: false")
     filters = raw.get("device-filter") or []
@@ -230,6 +246,10 @@ def _entry(raw: Any, where: str) -> MigEntry:
             raise InputError(f"{where}.device-filter: {str(f)[:40]!r} is not a PCI id like 0x233510DE")
         ids.append(int(m.group(1), 16))
     return MigEntry(picked, enabled, dict(mig_devices), tuple(ids))
+
+
+def _is_gpu_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPU_INDEX
 
 
 def check_layout(
@@ -262,23 +282,64 @@ def check_layout(
                 problems.append(f"{name}: GPU index {beyond[0]} does not exist (the host has {gpu_count})")
         if not entry.enabled or gpu is None:
             continue
-        compute = memory = 0
-        for profile, count in entry.mig_devices.items():
-            p = gpu.profiles.get(profile)
-            if p is None:
-                known = ", ".join(gpu.profiles)
-                problems.append(f"{name}: {gpu.name} has no MIG profile {profile!r} (it has {known})")
-                continue
-            if count > p.max_count:
-                problems.append(f"{name}: {gpu.name} holds at most {p.max_count} × {profile}, not {count}")
-            compute += p.compute * count
-            memory += p.memory * count
-        if compute > COMPUTE_SLICES or memory > MEMORY_SLICES:
-            problems.append(
-                f"{name}: the instances need {compute} compute and {memory} memory slices; "
-                f"a {gpu.name} has {COMPUTE_SLICES} and {MEMORY_SLICES}"
-            )
+        problems.extend(f"{name}: {why}" for why in _fit_problems(entry, gpu))
     return problems
+
+
+def _fit_problems(entry: MigEntry, gpu: MigGpu) -> list[str]:
+    """Why one GPU of `gpu`'s kind cannot hold the instances the entry asks for (empty: it can)."""
+    problems: list[str] = []
+    compute = memory = 0
+    for profile, count in entry.mig_devices.items():
+        p = gpu.profiles.get(profile)
+        if p is None:
+            known = ", ".join(gpu.profiles)
+            problems.append(f"{gpu.name} has no MIG profile {profile!r} (it has {known})")
+            continue
+        if count > p.max_count:
+            problems.append(f"{gpu.name} holds at most {p.max_count} × {profile}, not {count}")
+        compute += p.compute * count
+        memory += p.memory * count
+    if compute > COMPUTE_SLICES or memory > MEMORY_SLICES:
+        problems.append(
+            f"the instances need {compute} compute and {memory} memory slices; "
+            f"a {gpu.name} has {COMPUTE_SLICES} and {MEMORY_SLICES}"
+        )
+    return problems
+
+
+def offline_problems(configs: Mapping[str, list[MigEntry]]) -> list[str]:
+    """Why a layout's entry could be held by no GPU whose profile table gpuprov has, judged without any
+    host: an entry for some devices (device-filter) against those devices' tables, an entry for every
+    GPU against each table. An entry only for GPUs gpuprov has no table for is left to the driver, and
+    each host's own GPUs are judged again (check_layout) before its layout is applied."""
+    problems: list[str] = []
+    for name, entries in configs.items():
+        for i, entry in enumerate(entries):
+            if not entry.enabled or not entry.mig_devices:
+                continue
+            ids = entry.device_ids or tuple(GPUS)
+            gpus = [GPUS[d] for d in ids if d in GPUS]
+            if not gpus:
+                continue
+            verdicts = [_fit_problems(entry, gpu) for gpu in gpus]
+            if all(verdicts):
+                problems.append(f"mig-configs.{name}[{i}]: {_closest(entry, gpus, verdicts)}")
+    return problems
+
+
+def _closest(entry: MigEntry, gpus: list[MigGpu], verdicts: list[list[str]]) -> str:
+    """What to say of an entry no GPU holds: a profile none of them has, else the problems of a GPU
+    that has every profile asked for, else that no one GPU has them all."""
+    known = {p for gpu in gpus for p in gpu.profiles}
+    unknown = [p for p in entry.mig_devices if p not in known]
+    if unknown:
+        names = ", ".join(gpu.name for gpu in gpus)
+        return f"no GPU gpuprov knows ({names}) has MIG profile {unknown[0]!r}"
+    for gpu, why in zip(gpus, verdicts, strict=True):
+        if all(p in gpu.profiles for p in entry.mig_devices):
+            return "; ".join(why)
+    return f"no GPU has every profile of {', '.join(entry.mig_devices)}: " + "; ".join(verdicts[0])
 
 
 def wanted_devices(entries: list[MigEntry], gpus: Mapping[int, int]) -> dict[int, dict[str, int] | None]:

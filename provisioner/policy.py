@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from provisioner.errors import InputError
 from provisioner.expectations import CONTAINER_ENGINES, Expectations
 from provisioner.probes import SERVICE_UNITS
-from provisioner.yamlfile import load_strict
+from provisioner.yamlfile import load_strict_file
 
 # --------------------------------------------------------------------------------------- validation
 # The schema is pydantic models (_schema() below); the value formats they check are these functions,
@@ -354,15 +354,7 @@ class Policy:
 
 def load_policy(path: Path) -> Policy:
     """Read and validate a policy file; any problem is an InputError naming the file and key."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: policy file not found") from exc
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read policy: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
-    doc = load_strict(text, path)
+    doc = load_strict_file(path, "policy file")
     return policy_from_mapping(doc if doc is not None else {}, path)
 
 

@@ -10,7 +10,11 @@ k8s-device-plugin, api/config/v1: config.go, sharing.go, replicas.go, resources.
   `failRequestsGreaterThanOne` (booleans) and a non-empty `resources` list;
 - a resource has a `name` (a Kubernetes resource name; `nvidia.com/` is added when missing; at most 63
   characters in all), an optional `rename`, `devices` (`all`, a count > 0, or a list of GPU indices,
-  MIG indices `gpu:mig` or GPU/MIG UUIDs; `all` when absent) and `replicas`, at least 2;
+  MIG indices `gpu:mig` or GPU/MIG UUIDs; `all` when absent) and `replicas`, at least 2 (the plugin's
+  rule) and at most 1024 (gpuprov's, as for the policy key gpu.sharing.replicas: a GPU advertised as
+  thousands of devices is a typo);
+- every value has the type the plugin's decoder wants: anything else is refused naming the key, what
+  was expected and what was given;
 - when both are set the plugin uses MPS; gpuprov refuses the ambiguity instead;
 - a renamed resource is `<name>.shared` under renameByDefault.
 
@@ -26,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.yamlfile import load_strict
+from provisioner.hostnumbers import is_index
+from provisioner.yamlfile import described, load_strict
 
 PREFIX = "nvidia.com"
 MAX_RESOURCE_NAME = 63
@@ -35,11 +40,20 @@ TOP_KEYS = {"version", "flags", "resources", "sharing", "imex"}
 SHARING_KEYS = {"timeSlicing", "mps"}
 REPLICATED_KEYS = {"renameByDefault", "failRequestsGreaterThanOne", "resources"}
 RESOURCE_KEYS = {"name", "rename", "devices", "replicas"}
+MIN_REPLICAS = 2
+MAX_REPLICAS = 1024
+# GPU and MIG indices are nvidia-smi's (provisioner.hostnumbers.is_index); a count of devices is bounded
+# by the same number.
+MAX_DEVICES = 4096
 
 # Kubernetes' DNS subdomain (k8s.io/apimachinery validation.IsDNS1123Subdomain), the plugin's check.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-_DEVICE_REF = re.compile(rf"\d+|\d+:\d+|GPU-{_UUID}|MIG-{_UUID}|MIG-GPU-{_UUID}/\d+/\d+")
+# Indices in ASCII digits only: \d would take other scripts' digits ("٣"), which the plugin does not.
+_INDEX = "[0-9]{1,4}"
+_DEVICE_REF = re.compile(
+    rf"{_INDEX}|{_INDEX}:{_INDEX}|GPU-{_UUID}|MIG-{_UUID}|MIG-GPU-{_UUID}/{_INDEX}/{_INDEX}"
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ class SharingConfig:
             elif isinstance(r.devices, int):
                 shared = min(r.devices, gpus)
             else:
-                shared = len({d for d in r.devices if not d.isdigit() or int(d) < gpus})
+                shared = len({d for d in r.devices if not is_index(d) or int(d) < gpus})
             out = {r.advertised: shared * r.replicas}
             if r.rename and gpus - shared:
                 out[resource] = gpus - shared
@@ -84,7 +98,9 @@ class SharingConfig:
 
 def _resource_name(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise InputError(f"{where}: expected a resource name such as gpu or nvidia.com/gpu")
+        raise InputError(
+            f"{where}: expected a resource name such as gpu or nvidia.com/gpu, got {described(value)}"
+        )
     full = value if value.startswith(PREFIX + "/") else f"{PREFIX}/{value}"
     if len(full) > MAX_RESOURCE_NAME:
         raise InputError(f"{where}: {full!r} is longer than {MAX_RESOURCE_NAME} characters")
@@ -100,10 +116,12 @@ def _devices(value: Any, where: str) -> str | int | tuple[str, ...]:
     if value is None or value == "all":
         return "all"
     if isinstance(value, bool):
-        raise InputError(f"{where}: expected all, a count or a list of devices")
+        raise InputError(f"{where}: expected all, a count or a list of devices, got {described(value)}")
     if isinstance(value, int):
-        if value <= 0:
-            raise InputError(f"{where}: a count of devices must be more than 0, got {value}")
+        if not 0 < value <= MAX_DEVICES:
+            raise InputError(
+                f"{where}: a count of devices must be more than 0 and at most {MAX_DEVICES}, got {value}"
+            )
         return value
     if isinstance(value, str):
         raise InputError(f"{where}: {value[:40]!r}: the only word allowed is all")
@@ -111,19 +129,25 @@ def _devices(value: Any, where: str) -> str | int | tuple[str, ...]:
         refs: list[str] = []
         for i, d in enumerate(value):
             ref = str(d) if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else d
-            if not isinstance(ref, str) or not _DEVICE_REF.fullmatch(ref):
+            if not isinstance(ref, str) or not _DEVICE_REF.fullmatch(ref) or not _indices_ok(ref):
                 raise InputError(
                     f"{where}[{i}]: {str(d)[:60]!r} is no GPU index, MIG index (gpu:mig) or GPU/MIG UUID"
                 )
             refs.append(ref)
         return tuple(refs)
-    raise InputError(f"{where}: expected all, a count or a list of devices")
+    raise InputError(f"{where}: expected all, a count or a list of devices, got {described(value)}")
+
+
+def _indices_ok(ref: str) -> bool:
+    """Every GPU or MIG index in a device reference (3, 3:1) is one nvidia-smi could print."""
+    parts = ref.split(":") if not ref.startswith(("GPU-", "MIG-")) else []
+    return all(is_index(p) for p in parts)
 
 
 def _bool(doc: Mapping[str, Any], key: str, where: str) -> bool:
     value = doc.get(key, False)
     if not isinstance(value, bool):
-        raise InputError(f"{where}.{key}: expected true or false, got {value!r}")
+        raise InputError(f"{where}.{key}: expected true or false, got {described(value)}")
     return value
 
 
@@ -140,18 +164,20 @@ def _unknown(doc: Mapping[str, Any], known: set[str], where: str) -> None:
 
 def _replicated(doc: Any, where: str) -> tuple[bool, bool, tuple[SharedResource, ...]]:
     if not isinstance(doc, dict):
-        raise InputError(f"{where}: expected a mapping")
+        raise InputError(f"{where}: expected a mapping, got {described(doc)}")
     _unknown(doc, REPLICATED_KEYS, where)
     rename_default = _bool(doc, "renameByDefault", where)
     fail_gt_one = _bool(doc, "failRequestsGreaterThanOne", where)
     items = doc.get("resources")
-    if not isinstance(items, list) or not items:
+    if items is None or items == []:
         raise InputError(f"{where}.resources: no resources specified")
+    if not isinstance(items, list):
+        raise InputError(f"{where}.resources: expected a list of resources, got {described(items)}")
     out: list[SharedResource] = []
     for i, item in enumerate(items):
         w = f"{where}.resources[{i}]"
         if not isinstance(item, dict):
-            raise InputError(f"{w}: expected a mapping")
+            raise InputError(f"{w}: expected a mapping, got {described(item)}")
         _unknown(item, RESOURCE_KEYS, w)
         if "name" not in item:
             raise InputError(f"{w}: no resource name specified")
@@ -162,8 +188,18 @@ def _replicated(doc: Any, where: str) -> tuple[bool, bool, tuple[SharedResource,
         replicas = item.get("replicas")
         if "replicas" not in item:
             raise InputError(f"{w}: no replicas specified")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
-            raise InputError(f"{w}.replicas: number of replicas must be >= 2, got {replicas!r}")
+        if not isinstance(replicas, int) or isinstance(replicas, bool):
+            bounds = f"{MIN_REPLICAS}-{MAX_REPLICAS}"
+            raise InputError(
+                f"{w}.replicas: expected a whole number of replicas ({bounds}), got {described(replicas)}"
+            )
+        if replicas < MIN_REPLICAS:
+            raise InputError(f"{w}.replicas: number of replicas must be >= {MIN_REPLICAS}, got {replicas}")
+        if replicas > MAX_REPLICAS:
+            raise InputError(
+                f"{w}.replicas: {replicas} is more than {MAX_REPLICAS} replicas per GPU "
+                f"(the policy key gpu.sharing.replicas allows {MIN_REPLICAS}-{MAX_REPLICAS})"
+            )
         out.append(SharedResource(name, rename, _devices(item.get("devices"), f"{w}.devices"), replicas))
     names = [r.name for r in out]
     if len(set(names)) != len(names):
@@ -187,10 +223,14 @@ def parse_document(doc: Mapping[str, Any], where: str) -> SharingConfig:
     _unknown(doc, TOP_KEYS, where)
     for key in ("flags", "resources", "imex"):
         if key in doc and not isinstance(doc[key], dict):
-            raise InputError(f"{where}: {key}: expected a mapping")
-    sharing = doc.get("sharing") or {}
+            raise InputError(f"{where}: {key}: expected a mapping, got {described(doc[key])}")
+    sharing = doc.get("sharing")
+    if sharing is None:
+        sharing = {}
     if not isinstance(sharing, dict):
-        raise InputError(f"{where}: sharing: expected a mapping with timeSlicing or mps")
+        raise InputError(
+            f"{where}: sharing: expected a mapping with timeSlicing or mps, got {described(sharing)}"
+        )
     _unknown(sharing, SHARING_KEYS, f"{where}: sharing")
     if "timeSlicing" in sharing and "mps" in sharing:
         raise InputError(

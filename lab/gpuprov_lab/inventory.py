@@ -257,11 +257,19 @@ def write(st: LabState, *, kubernetes: bool = True) -> Path:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        header
-        + yaml.safe_dump(
-            document(st, kubernetes=kubernetes), sort_keys=False, default_flow_style=False, width=1000
-        )
-    )
+    tmp.write_text(header + dump(document(st, kubernetes=kubernetes)))
     tmp.replace(path)
     return path
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a value as often as it occurs: gpuprov refuses YAML aliases in an inventory, and hosts of
+    one distribution share their settings' objects (which PyYAML would write once, then alias)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(doc: dict[str, Any]) -> str:
+    """The inventory document as YAML, in the order it was built, without anchors or aliases."""
+    return yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=1000)

@@ -133,7 +133,7 @@ def render_summary(
         )
         sys.stdout.write(render(report, "table", fail_on="warn", drift=False, color=sys.stdout.isatty()))
     if summary.get("check"):
-        for line in change_lines(summary.get("changes") or {}):
+        for line in change_lines(summary.get("changes") or {}, summary["hosts"]):
             console.print(Text(line))
     totals = ", ".join(f"{n} {s}" for s, n in summary["totals"].items())
     console.print(f"hosts: {totals}; record: {summary['record']}")
@@ -301,14 +301,28 @@ def make_progress(output_format: str, shown: set[str] | None = None, stdout: Tex
     return PlainProgress(shown=shown)
 
 
-def change_lines(changes: dict[str, list[dict[str, str]]]) -> list[str]:
-    """Check mode's findings as text: per host, each task that would change and its diff (escaped)."""
+def change_lines(
+    changes: dict[str, list[dict[str, str]]], hosts: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """Check mode's findings as text: per host, each task that would change and its diff (escaped). A
+    host whose run did not finish (`hosts`: the summary's rows; unreachable, failed, not run) never reads
+    "nothing would change": what would change there is unknown, and the line says why."""
+    from provisioner.bootstrap.verb import CHECKED
+
+    status = {h["host"]: str(h.get("status")) for h in hosts or []}
     lines: list[str] = []
-    for host, tasks in changes.items():
-        if not tasks:
+    for host in [*changes, *(h for h in status if h not in changes)]:
+        tasks = changes.get(host, [])
+        state = status.get(host, "done")
+        if state not in CHECKED:
+            why = "could not be reached" if state == "unreachable" else state
+            before = f"; before that, {len(tasks)} task(s) would change" if tasks else ""
+            lines.append(f"{host}: {why}: what would change there is unknown{before}")
+        elif not tasks:
             lines.append(f"{host}: nothing would change")
             continue
-        lines.append(f"{host}: {len(tasks)} task(s) would change")
+        else:
+            lines.append(f"{host}: {len(tasks)} task(s) would change")
         for t in tasks:
             lines.append(f"  {t['stage']}: {t['task']}")
             lines.extend(f"    {line}" for line in (t.get("diff") or "").splitlines())

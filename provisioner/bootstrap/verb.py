@@ -17,6 +17,8 @@ from provisioner.runner import Event
 from provisioner.stages import STAGE_NAMES, STAGES, VERIFY, select_stages
 
 SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
+# Host statuses after which check mode's list of a host's changes is complete.
+CHECKED = ("done", "reboot-pending")
 FACTS_PLAY = "Facts"  # site.yml's first play, tagged always: it runs whatever the stages
 
 
@@ -363,8 +365,14 @@ def run_bootstrap(
     if verify_report:
         records.write_json(record / "verify.json", {n: hr.to_dict() for n, hr in verify_report.items()})
     if check:
-        # What check mode found would change, per host and task, with the diffs Ansible gave.
-        summary["changes"] = {h.name: changes.get(h.name, []) for h in hosts if plays}
+        # What check mode found would change, per host and task, with the diffs Ansible gave. A host
+        # whose run did not finish is listed only with what it found before: an empty list would read
+        # as "nothing would change" where nothing could be checked.
+        summary["changes"] = {
+            h.name: changes.get(h.name, [])
+            for h in hosts
+            if plays and (outcomes[h.name].status in CHECKED or changes.get(h.name))
+        }
     records.write_json(record / "summary.json", summary)
     if interrupted:
         code = EXIT_INTERRUPTED

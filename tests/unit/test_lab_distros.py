@@ -59,6 +59,18 @@ def test_debian_13_hosts_get_the_settings_nvidias_debian13_repository_needs(tmp_
     assert gpus["gpu3"]["lab_os"] == "trixie-containerd2"
 
 
+def test_the_written_inventory_has_no_aliases_gpuprov_would_refuse(tmp_path: Path) -> None:
+    """Both Debian 13 hosts share their distribution's settings: written out twice, never aliased."""
+    from provisioner.inventory import load_inventory
+
+    st = LabState(name="t", subnet=str(NET), gateway="10.213.9.1", mirror_port=8080)
+    st.hosts = plan.plan(4, NET, None, {})
+    text = inventory.dump(inventory.document(st))
+    assert "&id" not in text and "*id" not in text
+    (tmp_path / "hosts.yml").write_text(text)
+    assert load_inventory(tmp_path / "hosts.yml").host_vars("gpu3")["cuda_toolkit_versions"] == ["13.1"]
+
+
 def test_standalone_gpu_hosts_stay_out_of_the_kubernetes_groups() -> None:
     st = LabState(name="t", subnet=str(NET), gateway="10.213.9.1", mirror_port=8080)
     st.hosts = plan.plan(3, NET, None, {})

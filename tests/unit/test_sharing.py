@@ -61,7 +61,7 @@ def test_no_sharing_is_a_config_too() -> None:
          r"ts\.yaml: sharing: unknown key 'timeslicing' \(did you mean timeSlicing\?\); the device plugin"),
         (TIME_SLICING.replace("replicas: 4", "replica: 4"), r"resources\[0\]: unknown key 'replica'"),
         (TIME_SLICING.replace("replicas: 4", "replicas: 1"), "number of replicas must be >= 2, got 1"),
-        (TIME_SLICING.replace("replicas: 4", "replicas: '4'"), "number of replicas must be >= 2, got '4'"),
+        (TIME_SLICING.replace("replicas: 4", "replicas: '4'"), r"replicas \(2-1024\), got string '4'"),
         (TIME_SLICING.replace("name: nvidia.com/gpu", "name: Nvidia GPU"), "is not a Kubernetes resource"),
         (TIME_SLICING + "      devices: some\n", "the only word allowed is all"),
         (TIME_SLICING + "      devices: 0\n", "a count of devices must be more than 0"),
