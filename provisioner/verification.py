@@ -111,7 +111,15 @@ def collect(
     if isinstance(executor, SnapshotExecutor):
         if executor.host_error:
             raise ExecutorError(executor.name, f"not collected: {executor.host_error}")
-        return replay(executor, names)
+        replayed = replay(executor, names)
+        if names and not any(r.collected for r in replayed.values()):
+            # Every check would skip and the host would read as fine, judged on nothing.
+            first = next(iter(replayed.values()), None)
+            why = f" ({first.name}: {first.note})" if first is not None else ""
+            raise ExecutorError(
+                executor.name, f"nothing these checks need could be read from {executor.host_dir}{why}"
+            )
+        return replayed
     token = P.new_token()
     script = P.build_script(names, token, smoke_image)
     argv = ["sh", "-c", script]
@@ -139,10 +147,12 @@ def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.Prob
         except SnapshotFileRefused as exc:
             out[name] = P.ProbeResult(name, None, note=f"refused: {exc}")
             continue
-        if entry is None and text is None:
-            out[name] = P.ProbeResult(name, None, note="not collected in this snapshot")
+        if entry is None:
+            # meta.json is the record of what was collected and how it ended; a file it does not list
+            # has no exit status, and guessing one would judge the host on a file of unknown origin.
+            why = "not collected: meta.json does not list it" if text is not None else ""
+            out[name] = P.ProbeResult(name, None, note=why or "not collected in this snapshot")
             continue
-        entry = entry or {}
         rc = entry.get("rc", 0)
         if text is None and rc == 0:
             # A probe that succeeded always left a file (empty or not): without it the output is unknown.
