@@ -319,9 +319,15 @@ def snapshot_host_dirs(root: Path, limit: str | None = None) -> list[Path]:
     if (root / "meta.json").is_file():
         dirs = [root]
     else:
-        # A host directory is never followed through a symlink: it could point anywhere.
+        # A host directory is never followed through a symlink: it could point anywhere. A name starting
+        # with a dot is no host's (`snapshot` refuses those): it is a directory being written or replaced.
         dirs = sorted(
-            d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and (d / "meta.json").is_file()
+            d
+            for d in root.iterdir()
+            if not d.name.startswith(".")
+            and d.is_dir()
+            and not d.is_symlink()
+            and (d / "meta.json").is_file()
         )
     if not dirs:
         raise InputError(f"--snapshot {root}: no snapshot here (no meta.json in it or its sub-directories)")
@@ -351,8 +357,15 @@ def verify_snapshot(
 ) -> Report:
     """Evaluate a snapshot offline exactly as the live hosts would be."""
     targets = []
+    seen: dict[str, Path] = {}
     for d in snapshot_host_dirs(root, limit):
         ex = SnapshotExecutor(d)
+        if ex.name in seen:
+            # Two reports under one name would read as one host seen twice, or hide one of them.
+            raise InputError(
+                f"--snapshot {root}: {seen[ex.name]} and {d} both record host {ex.name!r}; keep one of them"
+            )
+        seen[ex.name] = d
         targets.append(
             Target(
                 name=ex.name,
@@ -373,6 +386,30 @@ class SnapshotResult:
     path: Path
     error: str | None
     probes: int
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create `path` and any missing parent owner-only (0700 whatever the umask); existing ones are
+    left as they are."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=records.DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(p, records.DIR_MODE)
+
+
+def _is_snapshot_host_dir(path: Path) -> bool:
+    """A real directory (not a link to one) holding a regular meta.json (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "meta.json").st_mode)
+    except OSError:
+        return False
 
 
 def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:

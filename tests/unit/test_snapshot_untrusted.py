@@ -178,3 +178,17 @@ def test_a_file_meta_json_does_not_list_is_not_read(bundle: Path) -> None:
     assert found["gpu.xid"]["status"] != "pass"
     assert "meta.json does not list it" in found["gpu.xid"]["detail"]
 
+
+def test_two_directories_of_one_host_are_refused(bundle: Path) -> None:
+    shutil.copytree(bundle / "vm", bundle / "vm-again")
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 2, res.stdout
+    assert str(bundle / "vm") in res.stderr and str(bundle / "vm-again") in res.stderr
+    assert "'vm'" in res.stderr
+
+
+def test_a_directory_left_by_an_interrupted_snapshot_is_not_a_host(bundle: Path) -> None:
+    shutil.copytree(bundle / "vm", bundle / ".vm.old-x1y2z3")
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert [h["host"] for h in json.loads(res.stdout)["hosts"]] == ["vm"]
