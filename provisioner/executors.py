@@ -1158,10 +1158,11 @@ def read_snapshot_file(host_dir: Path, name: str, limit: int = MAX_SNAPSHOT_FILE
         if os.path.islink(path):
             raise SnapshotFileRefused(f"{path} is a symbolic link") from exc
         raise SnapshotFileRefused(f"{path}: {exc.strerror}") from exc
+    # Checked on the descriptor before it becomes a file object, which a directory cannot be.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SnapshotFileRefused(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise SnapshotFileRefused(f"{path} is not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise SnapshotFileRefused(f"{path} is larger than {limit // (1024 * 1024)} MiB")

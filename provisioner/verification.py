@@ -316,7 +316,9 @@ def snapshot_host_dirs(root: Path, limit: str | None = None) -> list[Path]:
     """A snapshot root (one sub-directory per host) or a single host directory."""
     if not root.is_dir():
         raise InputError(f"--snapshot {root}: not a directory")
-    if (root / "meta.json").is_file():
+    # A meta.json of any kind (a link, a FIFO, a directory) marks a host directory, so that reading it
+    # names what is wrong with it instead of the host silently not being there.
+    if os.path.lexists(root / "meta.json"):
         dirs = [root]
     else:
         # A host directory is never followed through a symlink: it could point anywhere. A name starting
@@ -327,7 +329,7 @@ def snapshot_host_dirs(root: Path, limit: str | None = None) -> list[Path]:
             if not d.name.startswith(".")
             and d.is_dir()
             and not d.is_symlink()
-            and (d / "meta.json").is_file()
+            and os.path.lexists(d / "meta.json")
         )
     if not dirs:
         raise InputError(f"--snapshot {root}: no snapshot here (no meta.json in it or its sub-directories)")

@@ -192,3 +192,22 @@ def test_a_directory_left_by_an_interrupted_snapshot_is_not_a_host(bundle: Path)
     shutil.copytree(bundle / "vm", bundle / ".vm.old-x1y2z3")
     res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
     assert [h["host"] for h in json.loads(res.stdout)["hosts"]] == ["vm"]
+
+
+def test_a_directory_in_place_of_a_probe_file_is_an_error_finding(bundle: Path) -> None:
+    log = bundle / "vm/kernel-log.txt"
+    log.unlink()
+    log.mkdir()
+    found = checks(gpuprov("verify", "--snapshot", str(bundle), "--format", "json"))
+    assert found["gpu.xid"]["status"] == "error"
+    assert "not a regular file" in found["gpu.xid"]["detail"]
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, Path.mkdir], ids=["fifo", "directory"])
+def test_a_meta_json_that_is_no_file_is_named(bundle: Path, make) -> None:
+    meta = bundle / "vm/meta.json"
+    meta.unlink()
+    make(meta)
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 2 and str(meta) in res.stderr and "not a regular file" in res.stderr
