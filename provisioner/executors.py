@@ -1160,14 +1160,70 @@ def read_snapshot_file(host_dir: Path, name: str, limit: int = MAX_SNAPSHOT_FILE
         if os.path.islink(path):
             raise SnapshotFileRefused(f"{path} is a symbolic link") from exc
         raise SnapshotFileRefused(f"{path}: {exc.strerror}") from exc
+    # Checked on the descriptor before it becomes a file object, which a directory cannot be.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SnapshotFileRefused(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise SnapshotFileRefused(f"{path} is not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise SnapshotFileRefused(f"{path} is larger than {limit // (1024 * 1024)} MiB")
     return data
+
+
+MAX_SNAPSHOT_HOST_NAME = 255
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def checked_snapshot_meta(meta_path: Path, doc: object) -> dict[str, Any]:
+    """meta.json as replay reads it, every key it uses of the type it must have.
+
+    A value of another type must not be read as "absent": a `probes` that is not an object, or an
+    entry that is not one, would turn every probe into "not collected" and every check into a skip,
+    and a host judged on nothing into a healthy one. So it is bad input, naming the file and key.
+    """
+
+    def bad(key: str, why: str) -> InputError:
+        return InputError(f"{meta_path}: {key}: {why}")
+
+    if not isinstance(doc, dict):
+        raise InputError(f"{meta_path}: snapshot metadata must be a JSON object, not {_json_kind(doc)}")
+    for key in ("host", "collected_at", "collector", "error"):
+        if key in doc and not isinstance(doc[key], str):
+            raise bad(key, f"must be a string, not {_json_kind(doc[key])}")
+    if "host" in doc and not 0 < len(doc["host"]) <= MAX_SNAPSHOT_HOST_NAME:
+        raise bad("host", f"must be 1 to {MAX_SNAPSHOT_HOST_NAME} characters")
+    probes = doc.get("probes")
+    if not isinstance(probes, dict):
+        what = f", not {_json_kind(probes)}" if "probes" in doc else " (there is none)"
+        raise InputError(f"{meta_path}: snapshot metadata must have a 'probes' object{what}")
+    for name, entry in probes.items():
+        key = f"probes[{name[:64]!a}]"
+        if not isinstance(entry, dict):
+            raise bad(key, f"must be an object, not {_json_kind(entry)}")
+        rc = entry.get("rc")
+        if isinstance(rc, bool) or not isinstance(rc, int) or not 0 <= rc <= 255:
+            raise bad(f"{key}.rc", "must be the probe's exit status, a whole number 0-255")
+        for text_key in ("command", "stderr"):
+            if text_key in entry and not isinstance(entry[text_key], str):
+                raise bad(f"{key}.{text_key}", f"must be a string, not {_json_kind(entry[text_key])}")
+    not_collected = doc.get("not_collected")
+    if not_collected is not None and not (
+        isinstance(not_collected, dict) and all(isinstance(v, str) for v in not_collected.values())
+    ):
+        raise bad("not_collected", "must be an object of strings")
+    return doc
 
 
 class SnapshotExecutor:
@@ -1188,11 +1244,12 @@ class SnapshotExecutor:
         if raw is None:
             raise InputError(f"{host_dir}: not a snapshot host directory (no meta.json)")
         try:
-            self.meta: dict[str, Any] = json.loads(raw)
+            doc = json.loads(raw)
         except ValueError as exc:
             raise InputError(f"{meta_path}: unreadable snapshot metadata: {exc}") from exc
-        if not isinstance(self.meta, dict) or not isinstance(self.meta.get("probes", {}), dict):
-            raise InputError(f"{meta_path}: snapshot metadata must be an object with a 'probes' object")
+        except RecursionError:
+            raise InputError(f"{meta_path}: unreadable snapshot metadata: nested too deeply") from None
+        self.meta: dict[str, Any] = checked_snapshot_meta(meta_path, doc)
         self.name = str(self.meta.get("host") or host_dir.name)
 
     @property

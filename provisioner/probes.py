@@ -644,6 +644,8 @@ class SmiGpu:
     ecc_pending: str | None = None
     ecc_volatile_uncorrectable: int | None = None
     ecc_volatile_correctable: int | None = None
+    # Each volatile uncorrectable counter as printed ("0", "N/A", ...), for the check to judge.
+    ecc_volatile_uncorrectable_texts: list[tuple[str, str]] = field(default_factory=list)
     retired_pending: bool | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
@@ -732,6 +734,17 @@ def _volatile_uncorrectable(volatile: ET.Element | None) -> tuple[int | None, in
     return unc, cor
 
 
+def _volatile_uncorrectable_texts(volatile: ET.Element | None) -> list[tuple[str, str]]:
+    """(counter, text as printed) of each volatile uncorrectable ECC counter, in either layout."""
+    if volatile is None:
+        return []
+    double = volatile.find("double_bit")
+    if double is not None:
+        found = double.find("total")
+        return [] if found is None else [("double_bit/total", (found.text or "").strip())]
+    return [(c.tag, (c.text or "").strip()) for c in volatile if "uncorrectable" in c.tag]
+
+
 def parse_nvidia_smi_xml(text: str) -> SmiLog:
     if not text.strip():
         raise ParseError("nvidia-smi -q -x printed nothing")
@@ -760,6 +773,7 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
         gpu.ecc_volatile_uncorrectable, gpu.ecc_volatile_correctable = _volatile_uncorrectable(
             g.find("ecc_errors/volatile")
         )
+        gpu.ecc_volatile_uncorrectable_texts = _volatile_uncorrectable_texts(g.find("ecc_errors/volatile"))
         gpu.retired_pending = _yes(_text(g, "retired_pages/pending_retirement"))
         gpu.remap_pending = _yes(_text(g, "remapped_rows/remapped_row_pending"))
         gpu.remap_failure = _yes(_text(g, "remapped_rows/remapped_row_failure"))

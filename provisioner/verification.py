@@ -18,8 +18,8 @@ import json
 import os
 import shutil
 import socket
+import stat
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from provisioner import probes as P
+from provisioner import records
 from provisioner.checks import CHECK_IDS, ERROR, Finding, HostFacts, evaluate, probes_for, select_checks
 from provisioner.checks.model import REGISTRY
-from provisioner.errors import InputError, Interrupted
+from provisioner.errors import GpuprovError, InputError, Interrupted
 from provisioner.executors import (
     Executor,
     ExecutorError,
@@ -110,7 +111,15 @@ def collect(
     if isinstance(executor, SnapshotExecutor):
         if executor.host_error:
             raise ExecutorError(executor.name, f"not collected: {executor.host_error}")
-        return replay(executor, names)
+        replayed = replay(executor, names)
+        if names and not any(r.collected for r in replayed.values()):
+            # Every check would skip and the host would read as fine, judged on nothing.
+            first = next(iter(replayed.values()), None)
+            why = f" ({first.name}: {first.note})" if first is not None else ""
+            raise ExecutorError(
+                executor.name, f"nothing these checks need could be read from {executor.host_dir}{why}"
+            )
+        return replayed
     token = P.new_token()
     script = P.build_script(names, token, smoke_image)
     argv = ["sh", "-c", script]
@@ -138,10 +147,12 @@ def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.Prob
         except SnapshotFileRefused as exc:
             out[name] = P.ProbeResult(name, None, note=f"refused: {exc}")
             continue
-        if entry is None and text is None:
-            out[name] = P.ProbeResult(name, None, note="not collected in this snapshot")
+        if entry is None:
+            # meta.json is the record of what was collected and how it ended; a file it does not list
+            # has no exit status, and guessing one would judge the host on a file of unknown origin.
+            why = "not collected: meta.json does not list it" if text is not None else ""
+            out[name] = P.ProbeResult(name, None, note=why or "not collected in this snapshot")
             continue
-        entry = entry or {}
         rc = entry.get("rc", 0)
         if text is None and rc == 0:
             # A probe that succeeded always left a file (empty or not): without it the output is unknown.
@@ -305,12 +316,20 @@ def snapshot_host_dirs(root: Path, limit: str | None = None) -> list[Path]:
     """A snapshot root (one sub-directory per host) or a single host directory."""
     if not root.is_dir():
         raise InputError(f"--snapshot {root}: not a directory")
-    if (root / "meta.json").is_file():
+    # A meta.json of any kind (a link, a FIFO, a directory) marks a host directory, so that reading it
+    # names what is wrong with it instead of the host silently not being there.
+    if os.path.lexists(root / "meta.json"):
         dirs = [root]
     else:
-        # A host directory is never followed through a symlink: it could point anywhere.
+        # A host directory is never followed through a symlink: it could point anywhere. A name starting
+        # with a dot is no host's (`snapshot` refuses those): it is a directory being written or replaced.
         dirs = sorted(
-            d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and (d / "meta.json").is_file()
+            d
+            for d in root.iterdir()
+            if not d.name.startswith(".")
+            and d.is_dir()
+            and not d.is_symlink()
+            and os.path.lexists(d / "meta.json")
         )
     if not dirs:
         raise InputError(f"--snapshot {root}: no snapshot here (no meta.json in it or its sub-directories)")
@@ -340,8 +359,15 @@ def verify_snapshot(
 ) -> Report:
     """Evaluate a snapshot offline exactly as the live hosts would be."""
     targets = []
+    seen: dict[str, Path] = {}
     for d in snapshot_host_dirs(root, limit):
         ex = SnapshotExecutor(d)
+        if ex.name in seen:
+            # Two reports under one name would read as one host seen twice, or hide one of them.
+            raise InputError(
+                f"--snapshot {root}: {seen[ex.name]} and {d} both record host {ex.name!r}; keep one of them"
+            )
+        seen[ex.name] = d
         targets.append(
             Target(
                 name=ex.name,
@@ -364,6 +390,30 @@ class SnapshotResult:
     probes: int
 
 
+def _make_private_dirs(path: Path) -> None:
+    """Create `path` and any missing parent owner-only (0700 whatever the umask); existing ones are
+    left as they are."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=records.DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(p, records.DIR_MODE)
+
+
+def _is_snapshot_host_dir(path: Path) -> bool:
+    """A real directory (not a link to one) holding a regular meta.json (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "meta.json").st_mode)
+    except OSError:
+        return False
+
+
 def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"-o {out_dir}: exists and is not a directory")
@@ -372,7 +422,7 @@ def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
     if not os.access(parent, os.W_OK):
         raise InputError(f"-o {out_dir}: {parent} is not writable")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        _make_private_dirs(out_dir)
         probe = tempfile.mkdtemp(prefix=".gpuprov-write-test-", dir=out_dir)
         os.rmdir(probe)
     except OSError as exc:
@@ -381,10 +431,37 @@ def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
         if not name or "/" in name or name in (".", "..") or name.startswith("."):
             raise InputError(f"host name {name!r} cannot be a snapshot directory name")
         dest = out_dir / name
-        if dest.exists() and not (dest / "meta.json").is_file():
+        if dest.is_symlink():
+            # Replacing it would write wherever it points, or leave the link behind: the operator decides.
+            raise InputError(f"-o {out_dir}: {dest} is a symbolic link; not writing through it (remove it)")
+        if dest.exists() and not _is_snapshot_host_dir(dest):
             raise InputError(
                 f"-o {out_dir}: {dest} exists and is not a snapshot (no meta.json); not overwriting"
             )
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create `path` and any missing parent owner-only (0700 whatever the umask); existing ones are
+    left as they are."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=records.DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(p, records.DIR_MODE)
+
+
+def _is_snapshot_host_dir(path: Path) -> bool:
+    """A real directory (not a link to one) holding a regular meta.json (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "meta.json").st_mode)
+    except OSError:
+        return False
 
 
 def write_host_snapshot(
@@ -394,14 +471,14 @@ def write_host_snapshot(
     error: str | None,
     collected_at: str,
 ) -> Path:
-    """Write one host's directory (files + meta.json) next to the target, then swap it in."""
+    """Write one host's directory (files + meta.json) next to the target, then swap it in.
+
+    A snapshot holds container engine configs (registry credentials), kernel logs and package lists:
+    like a run record, its directories are 0700 and its files 0600 whatever the umask.
+    """
     from provisioner import __version__
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{host}.tmp-{os.getpid()}-{threading.get_ident()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    _make_private_dirs(out_dir)
     meta: dict[str, Any] = {
         "host": host,
         "collected_at": collected_at,
@@ -410,33 +487,69 @@ def write_host_snapshot(
     }
     if error:
         meta["error"] = error
-    not_collected: dict[str, str] = {}
-    for name, res in (results or {}).items():
-        if not res.collected:
-            not_collected[name] = res.note
-            continue
-        entry: dict[str, Any] = {
-            "rc": res.rc,
-            "duration_s": res.duration_s,
-            "command": P.PROBES_BY_NAME[name].command,
-        }
-        if res.stderr:
-            entry["stderr"] = res.stderr
-        meta["probes"][name] = entry
-        if res.not_applicable or (not res.ok and not res.stdout):
-            continue
-        (tmp / name).write_text(res.stdout)
-    if not_collected:
-        meta["not_collected"] = not_collected
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
-    dest = out_dir / host
-    old = out_dir / f".{host}.old-{os.getpid()}-{threading.get_ident()}"
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    if old.exists():
-        shutil.rmtree(old)
-    return dest
+    # A fresh directory of its own (mkdtemp: 0700, a name nobody else holds), never one found there.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{host}.tmp-", dir=out_dir))
+    try:
+        not_collected: dict[str, str] = {}
+        for name, res in (results or {}).items():
+            if not res.collected:
+                not_collected[name] = res.note
+                continue
+            entry: dict[str, Any] = {
+                "rc": res.rc,
+                "duration_s": res.duration_s,
+                "command": P.PROBES_BY_NAME[name].command,
+            }
+            if res.stderr:
+                entry["stderr"] = res.stderr
+            meta["probes"][name] = entry
+            if res.not_applicable or (not res.ok and not res.stdout):
+                continue
+            _write_private(tmp / name, res.stdout)
+        if not_collected:
+            meta["not_collected"] = not_collected
+        _write_private(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=False) + "\n")
+        os.chmod(tmp, records.DIR_MODE)
+        _swap_in(tmp, out_dir / host)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir / host
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, records.FILE_MODE)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), records.FILE_MODE)
+        fh.write(text)
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """Put the directory `new` at `dest`, replacing a previous snapshot there. `dest` is never followed
+    when it is a link, and a failure leaves the previous snapshot where it was."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        os.rename(new, dest)
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise GpuprovError(f"{dest} is {what} now; the snapshot of this host is not written")
+    # The old directory goes into a fresh holding directory first, so that removing it never meets a
+    # name chosen by someone else.
+    hold = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+    try:
+        os.rename(dest, hold / dest.name)
+    except OSError:
+        os.rmdir(hold)
+        raise
+    try:
+        os.rename(new, dest)
+    except OSError:
+        os.rename(hold / dest.name, dest)
+        os.rmdir(hold)
+        raise
+    shutil.rmtree(hold)
 
 
 def snapshot_targets(

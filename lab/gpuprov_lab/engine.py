@@ -255,12 +255,41 @@ def install_capfilter() -> None:
     os.replace(tmp, CAPFILTER_PATH)
 
 
+DEFAULT_ENGINE_HOST = "unix:///var/run/docker.sock"
+
+
+def started_engine_host() -> str:
+    """Where the dockerd gpuprov starts listens: daemon.json's `hosts` (a unix socket first), else
+    dockerd's default socket. gpuprov starts it without -H, so these are its only sources."""
+    hosts = read_daemon_json().get("hosts")
+    if isinstance(hosts, list):
+        named = [h for h in hosts if isinstance(h, str) and h]
+        local = [h for h in named if h.startswith("unix://")]
+        if local or named:
+            return (local or named)[0]
+    return DEFAULT_ENGINE_HOST
+
+
 def stop_engine_if_idle(docker: Docker, progress: Progress = _quiet) -> bool:
-    """Stop the dockerd gpuprov started, by PID, when no container at all remains; True if stopped."""
+    """Stop the dockerd gpuprov started, by PID, only when that engine holds no container at all
+    (the lab's are gone by now: any left are someone else's); True if stopped.
+
+    The question goes to that engine's own socket: DOCKER_HOST or a docker context may point the
+    client at another engine, whose empty list says nothing about this one. When the engine cannot
+    be asked, it keeps running.
+    """
     pid = started_by_gpuprov()
     if pid is None:
         return False
-    if docker.lines("ps", "-aq"):
+    try:
+        host = started_engine_host()
+        listed = docker("--host", host, "ps", "--all", "--quiet", timeout=60, what=f"docker --host {host} ps")
+    except LabError as exc:
+        progress(f"engine: leaving dockerd (pid {pid}) running: cannot tell whether anything uses it: {exc}")
+        return False
+    others = [ln for ln in listed.stdout.splitlines() if ln.strip()]
+    if others:
+        progress(f"engine: leaving dockerd (pid {pid}) running: {len(others)} other container(s) at {host}")
         return False
     progress(f"engine: stopping dockerd (pid {pid}), which gpuprov started")
     proc.stop_pid(pid, timeout=30)

@@ -6,9 +6,12 @@ pass finding that covers all of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
+from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.probes import HOST_FACTS, SmiGpu
 
 SMI = "nvidia-smi-q.xml"
@@ -138,18 +141,24 @@ def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     for g in gpus:
         label = _gpu_label(g)
-        if g.ecc_volatile_uncorrectable:
+        counted = _volatile_uncorrectable(g)
+        if counted.errors:
             findings.append(
                 outcome(
                     FAIL,
-                    f"{label}: {g.ecc_volatile_uncorrectable} volatile uncorrectable ECC "
-                    "error(s) since the driver loaded",
+                    f"{label}: {counted.errors} volatile uncorrectable ECC error(s) since the driver loaded",
                     gpu=g.index,
                     bus_id=g.bus_id,
                     severity="critical",
-                    uncorrectable=g.ecc_volatile_uncorrectable,
+                    uncorrectable=counted.errors,
                 )
             )
+        # With ECC on, the counters are what this check is for: no count is not a count of zero. With
+        # ECC off or unsupported nvidia-smi prints N/A there, as it should. An impossible count is
+        # wrong whatever the mode.
+        unjudged = counted.impossible or (counted.missing if g.ecc_current == "Enabled" else None)
+        if unjudged:
+            findings.append(outcome(ERROR, f"{label}: {unjudged}", gpu=g.index, bus_id=g.bus_id))
         supported = g.ecc_current not in (None, "N/A")
         if exp.gpu_ecc is None:
             if supported and g.ecc_current != "Enabled":
@@ -196,7 +205,40 @@ def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
     modes = {g.ecc_current for g in gpus}
     if modes <= {None, "N/A"}:
         return [outcome(SKIP, "ECC not supported on these GPUs; no uncorrectable errors reported")]
-    return _all_pass(gpus, "ECC enabled, no volatile uncorrectable errors")
+    if modes == {"Enabled"}:
+        return _all_pass(gpus, "ECC enabled, no volatile uncorrectable errors")
+    # ECC off as the policy wants (or off where unsupported): nothing counts errors, none are claimed.
+    return _all_pass(gpus, f"ECC mode as expected ({exp.source('gpu.ecc')}), no uncorrectable errors counted")
+
+
+@dataclass(frozen=True)
+class _VolatileCount:
+    errors: int  # uncorrectable errors counted
+    missing: str | None = None  # why there is no count (N/A, no counter): as it should be with ECC off
+    impossible: str | None = None  # a count no working GPU and driver print (negative, not a number)
+
+
+def _volatile_uncorrectable(gpu: SmiGpu) -> _VolatileCount:
+    """The volatile uncorrectable ECC count from the counters as printed; neither "N/A" nor a value
+    that is no count is read as zero."""
+    if not gpu.ecc_volatile_uncorrectable_texts:
+        return _VolatileCount(0, missing="nvidia-smi shows no volatile uncorrectable ECC counter")
+    total = 0
+    missing: str | None = None
+    for counter, text in gpu.ecc_volatile_uncorrectable_texts:
+        if text == "N/A":
+            missing = missing or f"volatile uncorrectable ECC counter {counter} is N/A: errors unknown"
+            continue
+        try:
+            value = parse_int(text, lo=-(2**63), what=f"volatile ECC counter {counter}")
+        except HostNumberError as exc:
+            return _VolatileCount(total, missing, f"unreadable {exc}")
+        if value < 0:
+            return _VolatileCount(
+                total, missing, f"volatile ECC counter {counter} is {value}: a count cannot be negative"
+            )
+        total += value
+    return _VolatileCount(total, missing)
 
 
 @check(

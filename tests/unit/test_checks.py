@@ -146,6 +146,61 @@ def test_ecc_disabled_and_pending_change() -> None:
     assert (p.status, p.gpu) == ("warn", 0)
 
 
+VOLATILE = "ecc_errors/volatile"
+
+
+def with_volatile(**counters: str) -> str:
+    xml = vf.raw("nvidia-smi-q-x.xml")
+    for name, value in counters.items():
+        xml = vf.set_gpu(xml, f"{VOLATILE}/{name}", value)
+    return xml
+
+
+@pytest.mark.parametrize(
+    "counters",
+    [
+        {"dram_uncorrectable": "N/A"},
+        {"sram_uncorrectable_parity": "N/A", "sram_uncorrectable_secded": "N/A", "dram_uncorrectable": "N/A"},
+    ],
+)
+def test_ecc_on_with_uncorrectable_count_na_is_not_judged(counters: dict[str, str]) -> None:
+    """ECC is on, yet nvidia-smi has no count: that is not zero errors."""
+    (f,) = run(with_xml(with_volatile(**counters)))["gpu.ecc"]
+    assert (f.status, f.gpu, f.bus_id) == ("error", 0, "0000:00:06.0")
+    assert "N/A" in f.detail
+
+
+@pytest.mark.parametrize("value", ["-1", "-9223372036854775808", "lots", "1e3", "\u0663"])
+def test_an_impossible_uncorrectable_count_is_an_error_for_that_gpu(value: str) -> None:
+    xml = vf.multi_gpu_xml(8)
+    xml = vf.set_gpu(xml, f"{VOLATILE}/dram_uncorrectable", value, gpu=3)
+    probes = vf.h200_probes()
+    probes["pci-devices.txt"] = (0, vf.multi_gpu_pci(8), "")
+    probes[SMI] = (0, xml, "")
+    (f,) = run(probes)["gpu.ecc"]
+    assert (f.status, f.gpu) == ("error", 3)
+    assert "dram_uncorrectable" in f.detail
+
+
+def test_an_na_count_next_to_real_errors_still_fails() -> None:
+    xml = with_volatile(sram_uncorrectable_parity="N/A", dram_uncorrectable="2")
+    assert [(f.status, f.gpu) for f in run(with_xml(xml))["gpu.ecc"]] == [("fail", 0), ("error", 0)]
+
+
+def test_ecc_off_as_wanted_with_na_counters_passes() -> None:
+    """With ECC off nvidia-smi prints N/A counters, as it should: the mode is what is judged."""
+    xml = with_volatile(
+        sram_uncorrectable_parity="N/A", sram_uncorrectable_secded="N/A", dram_uncorrectable="N/A"
+    )
+    xml = vf.set_gpu(xml, "ecc_mode/current_ecc", "Disabled")
+    xml = vf.set_gpu(xml, "ecc_mode/pending_ecc", "Disabled")
+    (f,) = run(with_xml(xml), exp_from({"gpu.ecc": False}))["gpu.ecc"]
+    assert f.status == "pass" and "ECC mode as expected" in f.detail
+    # A negative count is wrong whatever the mode.
+    bad = vf.set_gpu(xml, f"{VOLATILE}/dram_uncorrectable", "-4")
+    assert status(run(with_xml(bad), exp_from({"gpu.ecc": False})), "gpu.ecc") == "error"
+
+
 @pytest.mark.parametrize(
     ("element", "want"),
     [("remapped_rows/remapped_row_pending", "warn"), ("remapped_rows/remapped_row_failure", "fail")],

@@ -131,3 +131,83 @@ def test_a_missing_probe_file_is_not_collected_not_garbled(bundle: Path) -> None
     found = checks(gpuprov("verify", "--snapshot", str(bundle), "--format", "json"))
     assert found["gpu.ecc"]["status"] == "skip"
     assert "file is missing from the snapshot" in found["gpu.ecc"]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"probes": []}, "'probes' object"),
+        ({"probes": None}, "'probes' object"),
+        ({"host": 7}, "host: must be a string"),
+        ({"collected_at": ["today"]}, "collected_at: must be a string"),
+        ({"probes": {"nvidia-smi-q.xml": 5}}, "probes['nvidia-smi-q.xml']: must be an object"),
+        ({"probes": {"nvidia-smi-q.xml": {"rc": "0", "command": "x"}}}, "probes['nvidia-smi-q.xml'].rc"),
+        ({"probes": {"nvidia-smi-q.xml": {"rc": True, "command": "x"}}}, "probes['nvidia-smi-q.xml'].rc"),
+    ],
+)
+def test_metadata_of_the_wrong_type_is_bad_input_naming_the_key(bundle: Path, change: dict, key: str) -> None:
+    """Read as "absent", such values made every probe "not collected", every check skip, exit 0."""
+    meta_path = bundle / "vm/meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.update(change)
+    meta_path.write_text(json.dumps(meta))
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert str(meta_path) in res.stderr and key in res.stderr
+
+
+def test_a_host_judged_on_nothing_is_an_error_not_ok(bundle: Path) -> None:
+    meta_path = bundle / "vm/meta.json"
+    meta_path.write_text(json.dumps({"host": "vm", "probes": {}}))
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 1, res.stdout
+    (host,) = json.loads(res.stdout)["hosts"]
+    assert host["status"] == "error" and "nothing these checks need could be read" in host["error"]
+    assert {c["status"] for c in host["checks"]} == {"error"}
+
+
+def test_a_file_meta_json_does_not_list_is_not_read(bundle: Path) -> None:
+    """meta.json records what was collected and how it ended; a file it does not list is not judged."""
+    meta_path = bundle / "vm/meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["probes"]["kernel-log.txt"]
+    meta_path.write_text(json.dumps(meta))
+    found = checks(gpuprov("verify", "--snapshot", str(bundle), "--format", "json"))
+    assert found["gpu.xid"]["status"] != "pass"
+    assert "meta.json does not list it" in found["gpu.xid"]["detail"]
+
+
+def test_two_directories_of_one_host_are_refused(bundle: Path) -> None:
+    shutil.copytree(bundle / "vm", bundle / "vm-again")
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 2, res.stdout
+    assert str(bundle / "vm") in res.stderr and str(bundle / "vm-again") in res.stderr
+    assert "'vm'" in res.stderr
+
+
+def test_a_directory_left_by_an_interrupted_snapshot_is_not_a_host(bundle: Path) -> None:
+    shutil.copytree(bundle / "vm", bundle / ".vm.old-x1y2z3")
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert [h["host"] for h in json.loads(res.stdout)["hosts"]] == ["vm"]
+
+
+def test_a_directory_in_place_of_a_probe_file_is_an_error_finding(bundle: Path) -> None:
+    log = bundle / "vm/kernel-log.txt"
+    log.unlink()
+    log.mkdir()
+    found = checks(gpuprov("verify", "--snapshot", str(bundle), "--format", "json"))
+    assert found["gpu.xid"]["status"] == "error"
+    assert "not a regular file" in found["gpu.xid"]["detail"]
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, Path.mkdir], ids=["fifo", "directory"])
+def test_a_meta_json_that_is_no_file_is_named(bundle: Path, make) -> None:
+    meta = bundle / "vm/meta.json"
+    meta.unlink()
+    make(meta)
+    res = gpuprov("verify", "--snapshot", str(bundle), "--format", "json")
+    assert "Traceback" not in res.stderr
+    assert res.returncode == 2 and str(meta) in res.stderr and "not a regular file" in res.stderr
