@@ -523,6 +523,12 @@ def down(lab: str, progress: Progress = _quiet) -> DownReport:
         report.mirror_stopped = mirror.stop_server(lp)
         report.registry_stopped = registry.stop_server(lp.root / "registry.pid")
         docker = Docker() if engine.Docker().info() is not None else None
+        if docker is None and lp.root.exists():
+            # The engine is down (a reboot, a crash) but the lab's containers, networks and volumes
+            # are still in it: they come back when it starts (the containers restart by policy) and
+            # would then run without a lab behind them. Start it to remove them; if it cannot start,
+            # the error keeps the lab's state for a later `lab down`.
+            docker = engine.ensure_engine(progress)
         if docker is not None:
             flt = ["--filter", f"label={paths.LABEL}={lab}"]
             report.containers = docker.lines("ps", "-aq", *flt)
