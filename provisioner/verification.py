@@ -440,30 +440,6 @@ def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
             )
 
 
-def _make_private_dirs(path: Path) -> None:
-    """Create `path` and any missing parent owner-only (0700 whatever the umask); existing ones are
-    left as they are."""
-    missing = []
-    for p in (path, *path.parents):
-        if p.exists() or p.is_symlink():
-            break
-        missing.append(p)
-    for p in reversed(missing):
-        try:
-            p.mkdir(mode=records.DIR_MODE)
-        except FileExistsError:
-            continue
-        os.chmod(p, records.DIR_MODE)
-
-
-def _is_snapshot_host_dir(path: Path) -> bool:
-    """A real directory (not a link to one) holding a regular meta.json (not a link to one)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / "meta.json").st_mode)
-    except OSError:
-        return False
-
-
 def write_host_snapshot(
     out_dir: Path,
     host: str,
