@@ -711,6 +711,15 @@ def _yes(value: str | None) -> bool | None:
     return None
 
 
+def _counter(value: str | None, what: str) -> int | None:
+    """An ECC counter's count, None where it does not read as one: gpu.ecc judges each counter's text as
+    printed (ecc_volatile_uncorrectable_texts), so a bad counter is that GPU's error, not the host's."""
+    try:
+        return _int(value, what)
+    except ParseError:
+        return None
+
+
 def _volatile_uncorrectable(volatile: ET.Element | None) -> tuple[int | None, int | None]:
     """(uncorrectable, correctable) volatile ECC counts across driver generations' layouts."""
     if volatile is None:
@@ -718,13 +727,13 @@ def _volatile_uncorrectable(volatile: ET.Element | None) -> tuple[int | None, in
     double = volatile.find("double_bit")
     if double is not None:  # older drivers: single_bit/double_bit with a total each
         return (
-            _int(_text(double, "total"), "double_bit total"),
-            _int(_text(volatile.find("single_bit"), "total"), "single_bit total"),
+            _counter(_text(double, "total"), "double_bit total"),
+            _counter(_text(volatile.find("single_bit"), "total"), "single_bit total"),
         )
     unc: int | None = None
     cor: int | None = None
     for child in volatile:
-        value = _int(child.text, child.tag)
+        value = _counter(child.text, child.tag)
         if value is None:
             continue
         if "uncorrectable" in child.tag:
