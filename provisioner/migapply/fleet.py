@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.errors import InputError
 from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
@@ -31,6 +32,7 @@ from provisioner.mig import CONFIG_LABEL, STATE_LABEL, parse_mig_devices
 from provisioner.upgrade.adapters import KubectlOverSsh
 from provisioner.upgrade.model import StepFailed
 from provisioner.upgrade.plan import HostProbe, valid_node_name
+from provisioner.yamlfile import load_strict
 
 PAUSED = "paused-for-mig-change"
 ANNOTATION = "gpuprov.io/mig-apply"  # on a node left cordoned: why
@@ -39,6 +41,14 @@ MANAGER_APP = "nvidia-mig-manager"
 # clusterpolicy_types.go: MIGStrategy single; the MIG manager's default config map).
 DEFAULT_STRATEGY = "single"
 DEFAULT_CONFIG_MAP = "default-mig-parted-config"
+# The host services the MIG manager stops around a change when the driver is the host's: its kubelet
+# (HOST_KUBELET_SYSTEMD_SERVICE's default, mig-parted v0.15.0 cmd/nvidia-mig-manager/main.go) and the
+# gpu-clients ConfigMap's `systemd-services` (gpu-operator v26.7.0
+# assets/state-mig-manager/0410_configmap.yaml; the ClusterPolicy names it: migManager.gpuClientsConfig).
+KUBELET_SERVICE = "kubelet.service"
+DEFAULT_CLIENTS_MAP = "default-gpu-clients"
+_SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._-]{0,126}\.service")
+NODE_READY_WAIT = 180.0  # seconds for a restarted kubelet to report its node Ready
 
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 _QUERY = [
@@ -98,6 +108,22 @@ class ClusterMig:
     manager_enabled: bool
     config_map: str
     config_text: str  # config.yaml of that ConfigMap
+    host_services: tuple[str, ...] = (KUBELET_SERVICE,)  # what the manager may stop on a host
+
+
+def parse_gpu_clients(text: str) -> tuple[str, ...]:
+    """The `systemd-services` of a gpu-clients clients.yaml, kubelet first; names that are not plain
+    systemd service names are dropped (they come from the cluster and become host command arguments)."""
+    try:
+        doc = load_strict(text, "clients.yaml")
+    except InputError:
+        return (KUBELET_SERVICE,)
+    listed = doc.get("systemd-services") if isinstance(doc, dict) else None
+    names = [KUBELET_SERVICE]
+    for name in listed if isinstance(listed, list) else []:
+        if isinstance(name, str) and _SERVICE.fullmatch(name) and name not in names:
+            names.append(name)
+    return tuple(names[:64])
 
 
 class MigFleet:
@@ -210,7 +236,20 @@ class MigFleet:
             manager_enabled=manager.get("enabled", True) is not False,
             config_map=name,
             config_text=text,
+            host_services=self._gpu_clients(manager),
         )
+
+    def _gpu_clients(self, manager: Mapping[str, Any]) -> tuple[str, ...]:
+        name = str((manager.get("gpuClientsConfig") or {}).get("name") or DEFAULT_CLIENTS_MAP)
+        try:
+            cm = self._json(
+                f"get configmap {self.namespace}/{name}",
+                "get", "configmap", "-n", self.namespace, "-o", "json", "--", name,
+            )  # fmt: skip
+        except StepFailed:
+            return (KUBELET_SERVICE,)  # the kubelet is stopped whatever the list says
+        text = (cm.get("data") or {}).get("clients.yaml")
+        return parse_gpu_clients(text) if isinstance(text, str) else (KUBELET_SERVICE,)
 
     def node_doc(self, node: str) -> dict[str, Any]:
         if not valid_node_name(node):
@@ -262,6 +301,39 @@ class MigFleet:
             if time.monotonic() >= deadline:
                 return "timeout", labels
             time.sleep(self.poll_s)
+
+    def start_stopped_services(self, host: str, services: Sequence[str]) -> list[str]:
+        """Start each of `services` that is enabled on `host` but not running; the names started.
+        StepFailed when the host cannot be reached or a start fails."""
+        spec = self.specs[host]
+        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
+        self._live.add(ex)
+        sudo = ["sudo", "-n", "--"] if needs_become(spec) else []
+        started = []
+        try:
+            for name in services:
+                if not _SERVICE.fullmatch(name):
+                    continue
+                if ex.run(["systemctl", "-q", "is-active", "--", name], 30).rc == 0:
+                    continue
+                if ex.run(["systemctl", "-q", "is-enabled", "--", name], 30).rc != 0:
+                    continue  # absent or disabled: not something the manager stopped
+                res = ex.run([*sudo, "systemctl", "start", "--", name], 120)
+                if res.rc != 0:
+                    raise StepFailed(f"systemctl start {name}: {last_line(res.stderr) or f'exit {res.rc}'}")
+                started.append(name)
+        except ExecutorError as exc:
+            raise StepFailed(f"host {host}: {exc.reason}") from exc
+        finally:
+            self._live.discard(ex)
+            ex.close()
+        return started
+
+    def node_ready(self, node: str) -> bool:
+        conditions = (self.node_doc(node).get("status") or {}).get("conditions") or []
+        return any(
+            isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        )
 
     def interrupt(self) -> None:
         self._live.close_all()

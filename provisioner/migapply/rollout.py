@@ -13,6 +13,8 @@ from provisioner.hosttext import short_safe_text
 from provisioner.mig import MigEntry, wanted_devices
 from provisioner.migapply.fleet import (
     CONFIG_LABEL,
+    KUBELET_SERVICE,
+    NODE_READY_WAIT,
     PAUSED,
     STATE_LABEL,
     MigFleet,
@@ -41,6 +43,7 @@ class MigOptions:
     state_timeout: float = DEFAULT_STATE_TIMEOUT
     reboot_allowed: bool = False
     configs: Mapping[str, list[MigEntry]] = field(default_factory=dict)
+    host_services: tuple[str, ...] = (KUBELET_SERVICE,)  # what the MIG manager may stop on a host
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -182,7 +185,8 @@ class MigRollout(Rollout):
         if state == "failed":
             log = self.fleet.manager_log(node)
             tail = f"; its log ends: {short_safe_text(log.splitlines()[-1])}" if log else ""
-            return self._failed(host, node, f"the MIG manager reported {STATE_LABEL}=failed{tail}")
+            why = f"the MIG manager reported {STATE_LABEL}=failed{tail}"
+            return self._failed(host, node, why + self._host_services_back(host, node))
         return self._failed(
             host, node, f"the MIG manager did not report within {self.opt.state_timeout:g} s (state {state})"
         )
@@ -204,6 +208,30 @@ class MigRollout(Rollout):
             restored = f"; operand labels NOT restored: {exc.reason}"
         retry = " (gpuprov mig apply --resume restarts the node's MIG manager to retry)"
         return InstallOutcome("failed", f"{why}{restored}; node left cordoned{retry}")
+
+    def _host_services_back(self, host: str, node: str) -> str:
+        """The manager has finished with a failure: start the host services it stopped and left stopped.
+        It restarts them on failure only until its first success: mig-parted v0.15.0
+        pkg/mig/reconfigure/reconfigure.go sets NoRestartHostSystemdServicesOnExit for good in
+        restartHostGPUClients, so a later failure in the same pod leaves the kubelet stopped and the node
+        NotReady. What this did, as the end of the host's reason."""
+        try:
+            started = self.fleet.start_stopped_services(host, self.opt.host_services)
+        except StepFailed as exc:
+            return f"; host services the MIG manager stopped NOT started again: {exc.reason}"
+        if not started:
+            return ""
+        names = ", ".join(started)
+        deadline = time.monotonic() + NODE_READY_WAIT
+        while True:
+            try:
+                if self.fleet.node_ready(node):
+                    return f"; {names} left stopped by the MIG manager: started again, node {node} Ready"
+            except StepFailed:
+                pass
+            if time.monotonic() >= deadline or self.interrupted.is_set():
+                return f"; {names} left stopped by the MIG manager: started again, but node {node} not Ready"
+            time.sleep(max(self.fleet.poll_s, 0.05))
 
     def _complete(self, host: str, after: HostProbe) -> bool:
         self._check()

@@ -255,6 +255,7 @@ def _check(
             "and the GPUs' profile tables only"
         )
     options.configs = configs
+    options.host_services = cluster.host_services
     problems: list[str] = []
     for name in names:
         probe = probes.get(name)

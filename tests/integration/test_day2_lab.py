@@ -207,8 +207,8 @@ def test_a_layout_the_gpu_cannot_hold_is_refused_before_anything(day2: Day2) -> 
 
 def test_mig_manager_failure_leaves_node_cordoned_with_operands_back(day2: Day2) -> None:
     """The GPUs refuse the MIG mode change (the mig-fail fault): NVIDIA's MIG manager reports failed and
-    leaves the operands it paused paused; `mig apply` puts them back, keeps the node cordoned and says
-    why. Once the fault is gone, `--resume` restarts the node's manager and finishes (here back to whole
+    leaves the operands it paused paused (and, after an earlier success, the kubelet stopped); `mig apply`
+    puts them back, keeps the node cordoned and says why. Once the fault is gone, `--resume` restarts the node's manager and finishes (here back to whole
     GPUs, which the device plugin follows)."""
     lab = day2.lab
     assert lab.cli("lab", "fault", "gpu1", "mig-fail").returncode == 0
@@ -226,6 +226,12 @@ def test_mig_manager_failure_leaves_node_cordoned_with_operands_back(day2: Day2)
         assert not paused, f"operand labels left paused: {paused}"
         assert labels.get("nvidia.com/gpu.deploy.device-plugin") == "true"
         assert "gpuprov.io/mig-apply" in (node["metadata"].get("annotations") or {})
+        # A manager pod that has had a success leaves the host's kubelet stopped after a failure
+        # (mig-parted v0.15.0): gpuprov starts it again and the node is Ready, only cordoned.
+        conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert conditions.get("Ready") == "True", (conditions, host["reason"])
+        if "kubelet.service" in host["reason"]:
+            assert "started again, node gpu1 Ready" in host["reason"], host
 
         assert lab.cli("lab", "fault", "gpu1", "clear").returncode == 0
         day2.set_host("gpu1", gpuprov_mig_config="all-disabled")

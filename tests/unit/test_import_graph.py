@@ -45,8 +45,10 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for target in targets:
                 # A package's own __init__ importing its modules is how packages are built, not a cycle.
-                if target in modules and target != name and not (
-                    path.name == "__init__.py" and target.startswith(name + ".")
+                if (
+                    target in modules
+                    and target != name
+                    and not (path.name == "__init__.py" and target.startswith(name + "."))
                 ):
                     graph[name].add(target)
     return graph

@@ -21,6 +21,7 @@ from provisioner.migapply.fleet import (
     ClusterMig,
     GpuRow,
     MigProbe,
+    parse_gpu_clients,
     parse_gpu_rows,
 )
 from provisioner.upgrade.model import NodeInfo, StepFailed
@@ -137,9 +138,17 @@ class FakeCluster:
     def __init__(self, strategy: str = "mixed", fail_on: set[str] | None = None) -> None:
         self.strategy = strategy
         self.fail_on = fail_on or set()
+        self.kubelet_broken = False
         self.log: list[Any] = []
         self.nodes: dict[str, dict[str, Any]] = {
-            h: {"cordoned": False, "labels": dict(DEPLOY), "devices": {}, "mig": False, "annotation": None}
+            h: {
+                "cordoned": False,
+                "labels": dict(DEPLOY),
+                "devices": {},
+                "mig": False,
+                "annotation": None,
+                "kubelet": True,
+            }
             for h in GPUS
         }
 
@@ -154,7 +163,10 @@ class FakeCluster:
             if labels.get(k) == "true":
                 labels[k] = PAUSED
         if node in self.fail_on:
-            labels[STATE_LABEL] = "failed"  # operands stay paused, as the real manager leaves them
+            # Operands stay paused and the host's kubelet stopped, as the real manager (v0.15.0) leaves
+            # them once it has had one success in the same pod.
+            labels[STATE_LABEL] = "failed"
+            n["kubelet"] = False
             return
         device_id, count = GPUS[node]
         wanted = wanted_devices(parse_config(CONFIG, "cm")[layout], dict.fromkeys(range(count), device_id))
@@ -217,6 +229,19 @@ class FakeMigFleet:
 
     def manager_log(self, node: str, lines: int = 5) -> str:
         return "Applying the selected MIG config failed"
+
+    def start_stopped_services(self, host: str, services: tuple[str, ...]) -> list[str]:
+        assert "kubelet.service" in services
+        n = self.c.nodes[host]
+        if n["kubelet"]:
+            return []
+        if self.c.kubelet_broken:
+            raise StepFailed("systemctl start kubelet.service: Job for kubelet.service failed")
+        n["kubelet"] = True
+        return ["kubelet.service"]
+
+    def node_ready(self, node: str) -> bool:
+        return bool(self.c.nodes[node]["kubelet"])
 
     def wait_state(self, node: str, layout: str, timeout: float) -> tuple[str, dict[str, str]]:
         labels = self.labels(node)
@@ -318,7 +343,9 @@ def test_manager_failure_leaves_node_cordoned_with_operands_restored(env: Path) 
     assert host["result"] == "failed"
     assert "nvidia.com/mig.config.state=failed" in host["reason"]
     assert "operand labels restored" in host["reason"]
+    assert "kubelet.service left stopped by the MIG manager: started again, node gpu1 Ready" in host["reason"]
     node = cluster.nodes["gpu1"]
+    assert node["kubelet"] is True
     assert node["cordoned"] is True
     assert all(node["labels"][k] == "true" for k in DEPLOY)
     assert "failed" in (node["annotation"] or "")
@@ -432,3 +459,30 @@ def test_manager_log_reads_nothing_without_a_valid_pod_name(listing: str) -> Non
     kube = _RecordingKubectl({"get": (0, listing), "logs": (0, "should not be read")})
     assert _fleet_with(kube).manager_log("gpu1") == ""
     assert [c[0] for c in kube.calls] == ["get"]
+
+
+def test_a_kubelet_that_will_not_start_is_said(env: Path) -> None:
+    cluster = FakeCluster(fail_on={"gpu1"})
+    cluster.kubelet_broken = True
+    result, _ = apply(env, cluster, limit="gpu1")
+    assert result.exit_code == EXIT_FAILED
+    reason = result.summary["hosts"][0]["reason"]  # type: ignore[index]
+    assert "host services the MIG manager stopped NOT started again" in reason
+    assert "Job for kubelet.service failed" in reason
+    assert cluster.nodes["gpu1"]["cordoned"] is True
+
+
+def test_gpu_clients_list_is_read_as_data() -> None:
+    text = """
+version: v1
+systemd-services:
+  - nvsm.service
+  - dcgm.service
+  - "--now"
+  - "a b.service"
+  - kubelet.service
+  - 7
+"""
+    assert parse_gpu_clients(text) == ("kubelet.service", "nvsm.service", "dcgm.service")
+    assert parse_gpu_clients("&a [") == ("kubelet.service",)
+    assert parse_gpu_clients("- just a list") == ("kubelet.service",)
