@@ -208,8 +208,9 @@ def test_a_layout_the_gpu_cannot_hold_is_refused_before_anything(day2: Day2) -> 
 def test_mig_manager_failure_leaves_node_cordoned_with_operands_back(day2: Day2) -> None:
     """The GPUs refuse the MIG mode change (the mig-fail fault): NVIDIA's MIG manager reports failed and
     leaves the operands it paused paused (and, after an earlier success, the kubelet stopped); `mig apply`
-    puts them back, keeps the node cordoned and says why. Once the fault is gone, `--resume` restarts the node's manager and finishes (here back to whole
-    GPUs, which the device plugin follows)."""
+    puts them back, starts what it stopped, keeps the node cordoned and says why. Once the fault is gone,
+    `--resume` restarts the node's manager and finishes (here back to whole GPUs, which the device plugin
+    follows)."""
     lab = day2.lab
     assert lab.cli("lab", "fault", "gpu1", "mig-fail").returncode == 0
     day2.set_host("gpu1", gpuprov_mig_config="all-balanced")
