@@ -11,7 +11,8 @@ state of the lab it needs; lab tests run in the order of ``LAB_PHASES`` (stable 
 
 - ``fresh``: bare hosts, as ``lab up`` made them (tests of the lab itself);
 - ``bootstrapped``: the whole fleet bootstrapped with the default settings, read or faulted and cleared;
-- ``day2``: day-2 operations on the bootstrapped fleet (MIG layouts, sharing, tenants), put back after;
+- ``day2``: day-2 operations on the bootstrapped fleet (MIG layouts, sharing, tenants); whole GPUs and
+  schedulable nodes are put back after, the operator's settings are left to the next phase;
 - ``reprovisions``: tests that bootstrap the fleet with other settings (another driver branch).
 """
 

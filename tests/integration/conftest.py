@@ -1,7 +1,8 @@
 """The session lab bootstrapped once, end to end, for every test that needs a fully provisioned fleet.
 
 Bootstrap runs twice: the first run provisions every stage, the second must change nothing (idempotence).
-Both results are kept for the tests to inspect.
+Both results are kept for the tests to inspect. Before the first run, two hosts get the engine settings
+another tool left behind (FOREIGN_*): gpuprov must keep them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,31 @@ class Bootstrapped:
     lab: Lab
     first: BootstrapRun
     second: BootstrapRun
+    foreign_hosts: tuple[str, ...]  # the hosts that had another tool's engine settings before the first run
+
+
+# What another tool left in the engines' files before gpuprov first ran, on a control-plane host and a
+# GPU host: a registry mirror in daemon.json; containerd's own OOM score and a registry config_path.
+FOREIGN_HOSTS = ("cp1", "gpu1")
+FOREIGN_DAEMON_JSON = '{"registry-mirrors": ["https://registry-mirror.invalid"]}\n'
+FOREIGN_CONTAINERD_TOML = """version = 2
+oom_score = -999
+
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "/etc/containerd/certs.d"
+"""
+
+
+def _leave_foreign_settings(lab: Lab) -> None:
+    for host in FOREIGN_HOSTS:
+        res = lab.ssh(
+            host,
+            "mkdir -p /etc/docker /etc/containerd && "
+            f"cat > /etc/docker/daemon.json <<'EOF'\n{FOREIGN_DAEMON_JSON}EOF\n"
+            f"cat > /etc/containerd/config.toml <<'EOF'\n{FOREIGN_CONTAINERD_TOML}EOF\n",
+        )
+        if res.returncode != 0:
+            pytest.fail(f"{host}: could not write the foreign engine settings: {res.stderr}", pytrace=False)
 
 
 def _bootstrap(lab: Lab) -> BootstrapRun:
@@ -43,11 +69,12 @@ def _bootstrap(lab: Lab) -> BootstrapRun:
 
 @pytest.fixture(scope="session")
 def bootstrapped(lab: Lab) -> Iterator[Bootstrapped]:
+    _leave_foreign_settings(lab)
     first = _bootstrap(lab)
     if first.rc != 0:
         bad = [h for h in first.summary["hosts"] if h["status"] != "done"]
         pytest.fail(f"first bootstrap failed (rc {first.rc}): {bad}\n{first.stderr[-4000:]}", pytrace=False)
     second = _bootstrap(lab)
-    yield Bootstrapped(lab, first, second)
+    yield Bootstrapped(lab, first, second, FOREIGN_HOSTS)
     for host in lab.hosts:
         lab.cli("lab", "fault", host, "clear")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -56,3 +57,55 @@ def test_nodes_ready_with_every_gpu_allocatable(bootstrapped) -> None:
         assert ready and ready[0]["status"] == "True", (name, node["status"]["conditions"])
         allocatable = int(node["status"]["allocatable"].get("nvidia.com/gpu", "0"))
         assert allocatable == spec.gpu_count, (name, node["status"]["allocatable"])
+
+
+def test_settings_another_tool_left_survive(bootstrapped) -> None:
+    """daemon.json and config.toml as another tool left them before the first run (tests/integration/
+    conftest.py): their keys stay; the nvidia runtime and the systemd cgroup driver are added beside them."""
+    lab = bootstrapped.lab
+    read_toml = (
+        "python3 -c 'import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], \"rb\"))))' "
+        "/etc/containerd/config.toml"
+    )
+    for host in bootstrapped.foreign_hosts:
+        docker = json.loads(lab.ssh(host, "cat /etc/docker/daemon.json").stdout)
+        assert docker["registry-mirrors"] == ["https://registry-mirror.invalid"], (host, docker)
+        res = lab.ssh(host, read_toml)
+        assert res.returncode == 0, (host, res.stderr)
+        ctd = json.loads(res.stdout)
+        cri = ctd["plugins"]["io.containerd.grpc.v1.cri"]
+        assert ctd["oom_score"] == -999, (host, ctd)
+        assert cri["registry"]["config_path"] == "/etc/containerd/certs.d", (host, cri)
+        assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True, (host, cri)
+        if lab.hosts[host].gpu_count:
+            assert docker["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime", (host, docker)
+            assert cri["containerd"]["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is True, (host, cri)
+        else:
+            assert "nvidia" not in docker.get("runtimes", {}), (host, docker)
+
+
+def test_no_join_token_or_ca_hash_in_what_bootstrap_printed_or_recorded(bootstrapped) -> None:
+    """The workers joined with a bootstrap token and the CA's public-key hash: neither appears in what
+    either run printed or in anything its run record keeps (every task's events included)."""
+    from pathlib import Path
+
+    lab = bootstrapped.lab
+    secrets = lab.ssh(
+        "cp1",
+        "kubeadm token list --kubeconfig /etc/kubernetes/admin.conf -o json; "
+        "openssl x509 -in /etc/kubernetes/pki/ca.crt -noout -pubkey | openssl pkey -pubin -outform DER "
+        "| sha256sum",
+    )
+    assert secrets.returncode == 0, secrets.stderr
+    tokens = set(re.findall(r"\b[a-z0-9]{6}\.[a-z0-9]{16}\b", secrets.stdout))
+    ca_hash = secrets.stdout.strip().splitlines()[-1].split()[0]
+    assert tokens and re.fullmatch(r"[0-9a-f]{64}", ca_hash), secrets.stdout[-300:]
+    for run in (bootstrapped.first, bootstrapped.second):
+        texts = [run.stderr, json.dumps(run.summary)]
+        record = Path(run.summary["record"])
+        files = [p for p in record.rglob("*") if p.is_file()]
+        assert files, record
+        texts += [p.read_text(errors="replace") for p in files]
+        for text in texts:
+            assert not any(t in text for t in tokens), "a bootstrap token was printed or recorded"
+            assert ca_hash not in text, "the CA hash was printed or recorded"

@@ -145,7 +145,9 @@ def day2(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day
         env.set_host("gpu2", gpuprov_mig_config="all-disabled")
         yield env
     finally:
-        # Back to the lab's defaults for the phases after this one: MIG off, no sharing, no tenant.
+        # Back to whole GPUs, every node schedulable, no test namespace. The operator's settings (MIG
+        # strategy, sharing) stay: the phase after this one re-provisions every stage from the lab's own
+        # inventory (tests/integration/test_upgrade_lab.py), which puts them back.
         for host in lab.hosts:
             lab.cli("lab", "fault", host, "clear")
         for host in ("gpu1", "gpu2"):
@@ -154,9 +156,6 @@ def day2(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day
         for host in lab.hosts:
             lab.ssh("cp1", f"{KUBECTL} uncordon {host}")
         lab.ssh("cp1", f"{KUBECTL} delete namespace day2-ts team-a --wait=false")
-        res = gpuprov("bootstrap", "-i", str(lab.inventory), "--only", "gpu_operator", "--yes",
-                      timeout=1800, env={"GPUPROV_HOME": str(env.home)})  # fmt: skip
-        assert res.returncode == 0, f"restoring the lab's operator settings failed: {res.stderr[-3000:]}"
 
 
 def test_mig_apply_drives_the_real_mig_manager(day2: Day2) -> None:
