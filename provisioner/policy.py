@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from provisioner.errors import InputError
 from provisioner.expectations import CONTAINER_ENGINES, Expectations
-from provisioner.probes import SERVICE_UNITS
+from provisioner.probes.system import SERVICE_UNITS
 from provisioner.yamlfile import load_strict_file
 
 # --------------------------------------------------------------------------------------- validation

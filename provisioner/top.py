@@ -28,9 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner import probes as P
 from provisioner.executors import CommandStream, Executor, ExecutorError, OpenConnections
 from provisioner.hostnumbers import HostNumberError, is_index, parse_decimal, parse_int
+from provisioner.hosttext import first_line
+from provisioner.probes.host import normalize_bus_id
+from provisioner.probes.kernel_log import XID_LINE, pci_device, xid_number
 
 # The fields, in order. Names as `nvidia-smi --help-query-gpu` lists them (driver 580).
 QUERY_FIELDS = (
@@ -278,7 +280,7 @@ def _gpu_line(line: str, n: int) -> GpuSample:
         index=int(f["index"]),
         uuid=f["uuid"],
         name=f["name"],
-        bus_id=P.normalize_bus_id(f["pci.bus_id"]),
+        bus_id=normalize_bus_id(f["pci.bus_id"]),
         util_gpu=readings["utilization.gpu"],
         util_mem=readings["utilization.memory"],
         mem_used_mib=used,
@@ -317,12 +319,12 @@ def xids_by_device(lines: Sequence[str]) -> tuple[dict[str, list[int]], dict[str
     by_device: dict[str, list[int]] = {}
     unreadable: dict[str, str] = {}
     for line in lines:
-        m = P.XID_LINE.search(line)
+        m = XID_LINE.search(line)
         if not m:
             continue
-        device = P.pci_device(m.group("pci"))
+        device = pci_device(m.group("pci"))
         try:
-            by_device.setdefault(device, []).append(P.xid_number(m.group("xid")))
+            by_device.setdefault(device, []).append(xid_number(m.group("xid")))
         except HostNumberError as exc:
             unreadable.setdefault(device, f"kernel log: an Xid line of this GPU is unreadable: {exc}")
     return by_device, unreadable
@@ -333,7 +335,7 @@ def attach_xids(gpus: list[GpuSample], log: str | Sequence[str]) -> list[GpuSamp
     by_device, unreadable = xids_by_device(log.splitlines() if isinstance(log, str) else log)
     out = []
     for g in gpus:
-        device = P.pci_device(g.bus_id)
+        device = pci_device(g.bus_id)
         error = "; ".join(e for e in (g.error, unreadable.get(device)) if e) or None
         out.append(dataclasses.replace(g, xids=by_device.get(device, []), error=error))
     return out
@@ -383,7 +385,7 @@ class HostStream:
             self._line(raw.decode("utf-8", errors="replace"))
 
     def _line(self, line: str) -> None:
-        if "NVRM: Xid" in line and P.XID_LINE.search(line):
+        if "NVRM: Xid" in line and XID_LINE.search(line):
             self.xid_lines.append(line)  # the follower's lines may land inside a record
         elif line == self.start:
             self.open_record, self.open_said = [], []
@@ -409,7 +411,7 @@ class HostStream:
         if self.rc == 127:
             return HostSample(name, [], "nvidia-smi not found", duration_s)
         if self.rc != 0:
-            why = next((P.first_line(t) for t in self.stderr if t.strip()), "") or P.first_line(
+            why = next((first_line(t) for t in self.stderr if t.strip()), "") or first_line(
                 "\n".join(self.query)
             )
             return HostSample(

@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from provisioner import probes as P
 from provisioner import records
 from provisioner.checks import CHECK_IDS, ERROR, Finding, HostFacts, evaluate, probes_for, select_checks
 from provisioner.checks.model import REGISTRY
@@ -47,6 +46,10 @@ from provisioner.executors import (
 from provisioner.hosttext import first_line
 from provisioner.inventory import needs_become
 from provisioner.policy import Expectations, Policy, validate_expectations, with_overrides
+from provisioner.probes import LEGACY_PROBES, PROBES_BY_NAME, SNAPSHOT_PROBES
+from provisioner.probes.base import ProbeResult
+from provisioner.probes.host import HOST_FACTS
+from provisioner.probes.script import build_script, new_token, parse_script_output
 from provisioner.report.model import HostReport, Report
 
 DEFAULT_PARALLEL = 50
@@ -106,7 +109,7 @@ def collect(
     timeout: float = DEFAULT_TIMEOUT,
     smoke_image: str | None = None,
     become: bool = False,
-) -> dict[str, P.ProbeResult]:
+) -> dict[str, ProbeResult]:
     """Run the named probes on one host in one script (or replay them from a snapshot)."""
     if isinstance(executor, SnapshotExecutor):
         if executor.host_error:
@@ -120,45 +123,45 @@ def collect(
                 executor.name, f"nothing these checks need could be read from {executor.host_dir}{why}"
             )
         return replayed
-    token = P.new_token()
-    script = P.build_script(names, token, smoke_image)
+    token = new_token()
+    script = build_script(names, token, smoke_image)
     argv = ["sh", "-c", script]
     if become:
         argv = ["sudo", "-n", "--", *argv]
     result = executor.run(argv, timeout)
-    results = P.parse_script_output(result.stdout, token, names, result.stderr)
+    results = parse_script_output(result.stdout, token, names, result.stderr)
     if names and not any(r.collected for r in results.values()):
         why = first_line(result.stderr) or f"exit {result.rc}"
         raise ExecutorError(executor.name, f"the probe script did not run: {why}")
     return results
 
 
-def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, P.ProbeResult]:
+def replay(executor: SnapshotExecutor, names: Sequence[str]) -> dict[str, ProbeResult]:
     wanted = list(names)
-    if P.HOST_FACTS in wanted and executor.meta.get("probes", {}).get(P.HOST_FACTS) is None:
+    if HOST_FACTS in wanted and executor.meta.get("probes", {}).get(HOST_FACTS) is None:
         # A snapshot from before host-facts.json: the same facts are in its older files.
-        wanted += [p.name for p in P.LEGACY_PROBES if p.name in executor.meta.get("probes", {})]
+        wanted += [p.name for p in LEGACY_PROBES if p.name in executor.meta.get("probes", {})]
         if len(wanted) > len(names):
-            wanted.remove(P.HOST_FACTS)
-    out: dict[str, P.ProbeResult] = {}
+            wanted.remove(HOST_FACTS)
+    out: dict[str, ProbeResult] = {}
     for name in wanted:
         try:
             entry, text = executor.recorded(name)
         except SnapshotFileRefused as exc:
-            out[name] = P.ProbeResult(name, None, note=f"refused: {exc}")
+            out[name] = ProbeResult(name, None, note=f"refused: {exc}")
             continue
         if entry is None:
             # meta.json is the record of what was collected and how it ended; a file it does not list
             # has no exit status, and guessing one would judge the host on a file of unknown origin.
             why = "not collected: meta.json does not list it" if text is not None else ""
-            out[name] = P.ProbeResult(name, None, note=why or "not collected in this snapshot")
+            out[name] = ProbeResult(name, None, note=why or "not collected in this snapshot")
             continue
         rc = entry.get("rc", 0)
         if text is None and rc == 0:
             # A probe that succeeded always left a file (empty or not): without it the output is unknown.
-            out[name] = P.ProbeResult(name, None, note="not collected: its file is missing from the snapshot")
+            out[name] = ProbeResult(name, None, note="not collected: its file is missing from the snapshot")
             continue
-        out[name] = P.ProbeResult(
+        out[name] = ProbeResult(
             name,
             int(rc) if isinstance(rc, int) else None,
             text or "",
@@ -443,7 +446,7 @@ def _check_snapshot_dest(out_dir: Path, names: Iterable[str]) -> None:
 def write_host_snapshot(
     out_dir: Path,
     host: str,
-    results: Mapping[str, P.ProbeResult] | None,
+    results: Mapping[str, ProbeResult] | None,
     error: str | None,
     collected_at: str,
 ) -> Path:
@@ -474,7 +477,7 @@ def write_host_snapshot(
             entry: dict[str, Any] = {
                 "rc": res.rc,
                 "duration_s": res.duration_s,
-                "command": P.PROBES_BY_NAME[name].command,
+                "command": PROBES_BY_NAME[name].command,
             }
             if res.stderr:
                 entry["stderr"] = res.stderr
@@ -534,14 +537,14 @@ def snapshot_targets(
     *,
     parallel: int = DEFAULT_PARALLEL,
     timeout: float = DEFAULT_TIMEOUT,
-    probes: Sequence[str] = P.SNAPSHOT_PROBES,
+    probes: Sequence[str] = SNAPSHOT_PROBES,
 ) -> list[SnapshotResult]:
     _check_snapshot_dest(out_dir, [t.name for t in targets])
 
     def work(target: Target) -> SnapshotResult:
         collected_at = _now_iso()
         executor: Executor | None = None
-        results: dict[str, P.ProbeResult] | None = None
+        results: dict[str, ProbeResult] | None = None
         error: str | None = None
         try:
             executor = target.open()

@@ -19,7 +19,6 @@ from provisioner.checks import (  # noqa: F401  (registers the checks)
     system,
     tenants,
 )
-from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import (
     ERROR,
     FAIL,
@@ -36,6 +35,9 @@ from provisioner.checks.model import (
 )
 from provisioner.errors import InputError
 from provisioner.expectations import Expectations
+from provisioner.probes import PROBES
+from provisioner.probes.base import HostFacts
+from provisioner.probes.container import SMOKE
 
 # Report order: the contract's table order.
 CHECK_IDS: tuple[str, ...] = (
@@ -108,11 +110,9 @@ def select_checks(ids: Iterable[str] | None) -> list[str]:
 
 def probes_for(ids: Iterable[str], smoke: bool = False) -> list[str]:
     """The probes the given checks read, in probe-set order."""
-    from provisioner.probes import PROBES
-
     needed = {p for c in ids for p in REGISTRY[c].probes}
     if not smoke:
-        needed.discard("container-smoke.txt")
+        needed.discard(SMOKE)
     return [p.name for p in PROBES if p.name in needed]
 
 

@@ -4,26 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import short_safe_text
-from provisioner.probes import (
-    HOST_FACTS,
-    SMI_LIST,
-    ParseError,
-    parse_dcgm_diag,
-    parse_json_object,
-    parse_smi_list,
-    parse_smoke,
-)
-
-KUBE = "kube-node.json"
+from provisioner.probes import container, dcgm, host, kubernetes, mig, smi
+from provisioner.probes.base import HostFacts
+from provisioner.probes.container import SMOKE
+from provisioner.probes.dcgm import DCGM_DIAG
+from provisioner.probes.host import HOST_FACTS
+from provisioner.probes.kubernetes import KUBE_NODE
+from provisioner.probes.mig import SMI_LIST
+from provisioner.probes.smi import SMI_XML
 
 
 def _node(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
-    res = facts.result(KUBE)
+    res = facts.result(KUBE_NODE)
     if res.not_applicable:
         if exp.k8s_node:
             raise Unavailable(FAIL, f"expected a Kubernetes node ({exp.source('k8s.node')}): {res.reason()}")
@@ -33,10 +29,7 @@ def _node(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
         if "NotFound" in text or ("not found" in text and "nodes" in text):
             raise Unavailable(FAIL, f"this host is not registered as a node: {res.reason()}")
         raise Unavailable(ERROR, f"kubectl get node failed: {res.reason()}")
-    node = facts.parsed("kube-node", lambda: parse_json_object(res.stdout, KUBE))
-    if node.get("kind") != "Node":
-        raise Unavailable(ERROR, f"{KUBE}: not a Node object (kind {node.get('kind')!r})")
-    return node
+    return kubernetes.kube_node(facts)
 
 
 def node_object(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
@@ -44,7 +37,7 @@ def node_object(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
     return _node(facts, exp)
 
 
-@check("k8s.node_ready", probes=(KUBE,), severity="high", summary="the host's Kubernetes node is Ready")
+@check("k8s.node_ready", probes=(KUBE_NODE,), severity="high", summary="the host's Kubernetes node is Ready")
 def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
     node = _node(facts, exp)
     name = (node.get("metadata") or {}).get("name", "?")
@@ -62,7 +55,7 @@ def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "k8s.gpu_allocatable",
-    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml", SMI_LIST),
+    probes=(KUBE_NODE, HOST_FACTS, SMI_XML, SMI_LIST),
     severity="high",
     summary="allocatable nvidia.com/gpu = GPU count (× replicas; MIG devices by the MIG strategy)",
 )
@@ -70,14 +63,14 @@ def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
     node = _node(facts, exp)
     name = (node.get("metadata") or {}).get("name", "?")
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    gpus = len(facts.pci_gpus())
+    gpus = len(host.pci_gpus(facts))
     raw = allocatable.get("nvidia.com/gpu")
     if gpus == 0:
         if raw in (None, "0"):
             raise Unavailable(SKIP, f"node {name} has no GPU")
         return [outcome(FAIL, f"node {name} advertises nvidia.com/gpu={raw} but has no GPU on the PCI bus")]
     try:
-        mig_gpus = [g.index for g in facts.smi().gpus if g.mig_mode == "Enabled"]
+        mig_gpus = [g.index for g in smi.smi_log(facts).gpus if g.mig_mode == "Enabled"]
     except Unavailable:
         mig_gpus = []
     if mig_gpus:
@@ -124,20 +117,6 @@ def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 
 
-def mig_devices(facts: HostFacts) -> dict[int, dict[str, int]]:
-    """GPU index → MIG profile → devices, from `nvidia-smi -L` (provisioner.mig.parse_mig_devices)."""
-    from provisioner.mig import parse_mig_devices
-
-    def read() -> dict[int, dict[str, int]]:
-        listing = parse_smi_list(facts.ok_text(SMI_LIST))
-        try:
-            return parse_mig_devices(listing)
-        except ValueError as exc:
-            raise ParseError(f"{SMI_LIST}: {exc}") from None
-
-    return facts.parsed("mig-devices", read)
-
-
 def mig_resources(devices: dict[int, dict[str, int]], strategy: str, whole_gpus: int) -> dict[str, int]:
     """What the device plugin advertises for these MIG devices: under mixed, nvidia.com/mig-<profile> per
     profile (and nvidia.com/gpu for the GPUs with MIG off); under single, every MIG device as nvidia.com/gpu
@@ -175,7 +154,7 @@ def _mig_allocatable(
                 f"({where}): no MIG device can be advertised to compare",
             )
         ]
-    devices = {i: counts for i, counts in mig_devices(facts).items() if i in mig_gpus}
+    devices = {i: counts for i, counts in mig.mig_devices(facts).items() if i in mig_gpus}
     want = mig_resources(devices, strategy, gpus - len(mig_gpus))
     have = {
         k: str(v)
@@ -216,7 +195,7 @@ def _declared_node_labels(
 ) -> tuple[str, dict[str, str]]:
     """The node's name and labels for a check of something a policy declares: skip on a host without
     GPUs or when nothing is declared."""
-    facts.require_gpu()
+    host.require_gpu(facts)
     if declared is None:
         raise Unavailable(SKIP, f"no {what} declared ({key} in a policy, {knob} in the inventory)")
     meta = _node(facts, exp).get("metadata") or {}
@@ -225,7 +204,7 @@ def _declared_node_labels(
 
 @check(
     "gpu.sharing",
-    probes=(KUBE, HOST_FACTS),
+    probes=(KUBE_NODE, HOST_FACTS),
     severity="high",
     summary="the node shares its GPUs as declared (gpu.sharing-strategy and gpu.replicas labels)",
 )
@@ -256,7 +235,7 @@ def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "mig.config",
-    probes=(KUBE, HOST_FACTS, "nvidia-smi-q.xml", SMI_LIST),
+    probes=(KUBE_NODE, HOST_FACTS, SMI_XML, SMI_LIST),
     severity="high",
     summary="the node's MIG layout is the declared one and the MIG manager reports success",
 )
@@ -283,7 +262,7 @@ def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
             )
         ]
     try:
-        modes = {g.index: g.mig_mode for g in facts.smi().gpus}
+        modes = {g.index: g.mig_mode for g in smi.smi_log(facts).gpus}
     except Unavailable:
         modes = {}
     enabled = exp.mig_config != "all-disabled"
@@ -302,7 +281,7 @@ def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
     # does not read; what the node shows is compared with what any MIG layout promises: devices on every
     # MIG-enabled GPU (all-enabled alone leaves them to the user).
     try:
-        devices = mig_devices(facts)
+        devices = mig.mig_devices(facts)
     except Unavailable as exc:
         return [
             outcome(PASS, f"node {name}: MIG layout {wanted} applied; MIG devices not counted: {exc.reason}")
@@ -333,22 +312,14 @@ def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "dcgm.diag",
-    probes=("dcgmi-diag.json",),
+    probes=(DCGM_DIAG,),
     severity="high",
     summary="DCGM diagnostic level 1 passes (where dcgmi is installed)",
 )
 def dcgm_diag(facts: HostFacts, exp: Expectations) -> list[Finding]:
     if not exp.dcgm_diag:
         return [outcome(SKIP, f"disabled by policy ({exp.source('dcgm.diag')})")]
-    res = facts.result("dcgmi-diag.json")
-    if res.not_applicable:
-        return [outcome(SKIP, res.reason())]
-    try:
-        results = facts.parsed("dcgm", lambda: parse_dcgm_diag(res.stdout))
-    except Unavailable:
-        if not res.ok:
-            raise Unavailable(ERROR, f"dcgmi diag failed: {res.reason()}") from None
-        raise
+    results = dcgm.diag_results(facts)
     findings: list[Finding] = []
     for r in results:
         if r.status in (FAIL, WARN):
@@ -369,21 +340,21 @@ def dcgm_diag(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "container.smoke",
-    probes=("container-smoke.txt",),
+    probes=(SMOKE,),
     severity="high",
     summary="a container sees the GPUs (docker run --gpus all IMAGE nvidia-smi -L)",
 )
 def container_smoke(facts: HostFacts, exp: Expectations) -> list[Finding]:
     if not exp.container_smoke_image:
         return [outcome(SKIP, "no container.smoke_image configured in the policy")]
-    res = facts.result("container-smoke.txt")
+    res = facts.result(SMOKE)
     if res.not_applicable:
         return [outcome(SKIP, res.reason())]
     if not res.ok:
         return [outcome(FAIL, f"docker run --gpus all {exp.container_smoke_image} failed: {res.reason()}")]
-    listed = facts.parsed("smoke", lambda: parse_smoke(res.stdout))
+    listed = container.smoke_gpus(facts)
     try:
-        gpus = len(facts.pci_gpus())
+        gpus = len(host.pci_gpus(facts))
     except Unavailable:
         gpus = len(listed)
     if len(listed) != gpus:

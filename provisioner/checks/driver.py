@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
-from provisioner.probes import HOST_FACTS
-
-SMI = "nvidia-smi-q.xml"
-PROC = HOST_FACTS  # the loaded kernel module (host-facts.json's driver section)
+from provisioner.probes import host, smi
+from provisioner.probes.base import HostFacts
+from provisioner.probes.host import HOST_FACTS
+from provisioner.probes.smi import SMI_VERSION, SMI_XML
 
 
 def _gpu_expected(facts: HostFacts) -> None:
     """Skip driver checks on a host with no GPU; carry on when the PCI list itself is unreadable."""
     try:
-        facts.require_gpu()
+        host.require_gpu(facts)
     except Unavailable as exc:
         if exc.status == SKIP:
             raise
@@ -22,7 +21,7 @@ def _gpu_expected(facts: HostFacts) -> None:
 
 @check(
     "driver.loaded",
-    probes=(HOST_FACTS, SMI),
+    probes=(HOST_FACTS, SMI_XML),
     severity="critical",
     summary="NVIDIA kernel module loaded and nvidia-smi answers",
 )
@@ -31,17 +30,17 @@ def driver_loaded(facts: HostFacts, exp: Expectations) -> list[Finding]:
     problems: list[str] = []
     module = None
     try:
-        module = facts.kernel_driver()
+        module = host.kernel_driver(facts)
     except Unavailable as exc:
         if exc.status == ERROR:
             raise
         problems.append("NVIDIA kernel module not loaded (no /proc/driver/nvidia/version)")
-        if facts.nouveau_loaded():
+        if host.nouveau_loaded(facts):
             problems.append("nouveau is loaded")
-    res = facts.smi_result()
+    res = smi.smi_result(facts)
     if res.rc == 127:
         problems.append("nvidia-smi not found")
-    elif facts.smi_no_devices():
+    elif smi.smi_no_devices(facts):
         if module is not None:
             return [
                 outcome(
@@ -69,13 +68,13 @@ def driver_loaded(facts: HostFacts, exp: Expectations) -> list[Finding]:
 def installed_version(facts: HostFacts) -> str:
     """The running driver's version: from nvidia-smi, else from the kernel module."""
     try:
-        version = facts.smi().driver_version
+        version = smi.smi_log(facts).driver_version
         if version:
             return version
     except Unavailable:
         pass
     try:
-        return facts.kernel_driver().version
+        return host.kernel_driver(facts).version
     except Unavailable as exc:
         raise Unavailable(SKIP, f"driver not loaded (see driver.loaded): {exc.reason}") from None
 
@@ -89,7 +88,7 @@ def version_matches(actual: str, expected: str) -> bool:
 
 @check(
     "driver.version",
-    probes=(SMI, HOST_FACTS),
+    probes=(SMI_XML, HOST_FACTS),
     severity="high",
     summary="driver version = policy (exact, or branch like 580)",
 )
@@ -127,23 +126,23 @@ def driver_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "driver.userspace_match",
-    probes=(HOST_FACTS, "nvidia-smi-version.txt", SMI),
+    probes=(HOST_FACTS, SMI_VERSION, SMI_XML),
     severity="high",
     summary="kernel module version = userspace (nvidia-smi/NVML) version",
 )
 def driver_userspace_match(facts: HostFacts, exp: Expectations) -> list[Finding]:
     _gpu_expected(facts)
     try:
-        kernel = facts.kernel_driver().version
+        kernel = host.kernel_driver(facts).version
     except Unavailable as exc:
         if exc.status == ERROR:
             raise
         try:
-            kernel = facts.module_version()
+            kernel = host.module_version(facts)
         except Unavailable:
             raise Unavailable(SKIP, "NVIDIA kernel module not loaded (see driver.loaded)") from None
-    smi = facts.results.get(SMI)
-    text = (smi.stdout + "\n" + smi.stderr) if smi is not None else ""
+    res = facts.results.get(SMI_XML)
+    text = (res.stdout + "\n" + res.stderr) if res is not None else ""
     if "version mismatch" in text.lower():
         lib = next(
             (
@@ -163,11 +162,11 @@ def driver_userspace_match(facts: HostFacts, exp: Expectations) -> list[Finding]
             )
         ]
     try:
-        versions = facts.smi_version()
+        versions = smi.smi_version(facts)
     except Unavailable as version_exc:
         # Older nvidia-smi lacks --version; NVML initialising at all means library and module agree.
         try:
-            reported = facts.smi().driver_version
+            reported = smi.smi_log(facts).driver_version
         except Unavailable:
             raise Unavailable(version_exc.status, version_exc.reason) from None
         if reported and reported == kernel:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
 from provisioner.hostnumbers import HostNumberError, parse_int
-from provisioner.probes import HOST_FACTS, SmiGpu
+from provisioner.probes import host, kernel_log, smi
+from provisioner.probes.base import HostFacts
+from provisioner.probes.host import HOST_FACTS
+from provisioner.probes.kernel_log import KERNEL_LOG
+from provisioner.probes.smi import SMI_XML, SmiGpu
 
-SMI = "nvidia-smi-q.xml"
 PCI = HOST_FACTS  # PCI functions (host-facts.json's pci section)
 
 
@@ -29,8 +31,8 @@ def _all_pass(gpus: list[SmiGpu], what: str) -> list[Finding]:
 
 @check("gpu.present", probes=(PCI,), severity="critical", summary="an NVIDIA GPU is on the PCI bus")
 def gpu_present(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    devices = facts.pci()
-    gpus = facts.pci_gpus()
+    devices = host.pci(facts)
+    gpus = host.pci_gpus(facts)
     if gpus:
         kinds: dict[str, int] = {}
         for d in gpus:
@@ -49,12 +51,12 @@ def gpu_present(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "gpu.count",
-    probes=(PCI, SMI),
+    probes=(PCI, SMI_XML),
     severity="critical",
     summary="GPUs seen by the driver = NVIDIA GPUs on the PCI bus (= policy count)",
 )
 def gpu_count(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    pci = facts.pci_gpus()
+    pci = host.pci_gpus(facts)
     findings: list[Finding] = []
     if exp.gpu_count is not None and len(pci) != exp.gpu_count:
         findings.append(
@@ -72,7 +74,7 @@ def gpu_count(facts: HostFacts, exp: Expectations) -> list[Finding]:
             return [outcome(PASS, f"no GPU, as expected ({exp.source('gpu.count')})", count=0)]
         raise Unavailable(SKIP, "no NVIDIA GPU on the PCI bus")
     try:
-        driver = facts.smi().gpus
+        driver = smi.smi_log(facts).gpus
     except Unavailable as exc:
         if findings:
             return findings
@@ -104,9 +106,9 @@ def gpu_count(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check("gpu.persistence", probes=(PCI, SMI), severity="medium", summary="persistence mode enabled")
+@check("gpu.persistence", probes=(PCI, SMI_XML), severity="medium", summary="persistence mode enabled")
 def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = facts.smi_gpus()
+    gpus = smi.smi_gpus(facts)
     want = True if exp.gpu_persistence is None else exp.gpu_persistence
     want_text = "Enabled" if want else "Disabled"
     findings: list[Finding] = []
@@ -132,12 +134,12 @@ def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "gpu.ecc",
-    probes=(PCI, SMI),
+    probes=(PCI, SMI_XML),
     severity="high",
     summary="ECC enabled where expected; no volatile uncorrectable ECC errors",
 )
 def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = facts.smi_gpus()
+    gpus = smi.smi_gpus(facts)
     findings: list[Finding] = []
     for g in gpus:
         label = _gpu_label(g)
@@ -243,12 +245,12 @@ def _volatile_uncorrectable(gpu: SmiGpu) -> _VolatileCount:
 
 @check(
     "gpu.memory_remap",
-    probes=(PCI, SMI),
+    probes=(PCI, SMI_XML),
     severity="high",
     summary="no pending row remap (warn), no remap failure (fail); no pending page retirement",
 )
 def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = facts.smi_gpus()
+    gpus = smi.smi_gpus(facts)
     findings: list[Finding] = []
     evaluated = 0
     for g in gpus:
@@ -305,12 +307,12 @@ def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "gpu.pcie_link",
-    probes=(PCI, SMI),
+    probes=(PCI, SMI_XML),
     severity="medium",
     summary="PCIe link at its maximum generation and width",
 )
 def gpu_pcie_link(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = facts.smi_gpus()
+    gpus = smi.smi_gpus(facts)
     findings: list[Finding] = []
     notes: list[str] = []
     unknown = 0
@@ -360,12 +362,12 @@ _SLOWDOWN = {
 
 @check(
     "gpu.throttle",
-    probes=(PCI, SMI),
+    probes=(PCI, SMI_XML),
     severity="medium",
     summary="no hardware slowdown, thermal or power-brake clock reason active",
 )
 def gpu_throttle(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = facts.smi_gpus()
+    gpus = smi.smi_gpus(facts)
     findings: list[Finding] = []
     if all(not g.event_reasons for g in gpus):
         raise Unavailable(ERROR, "nvidia-smi reported no clocks event (throttle) reasons")
@@ -423,12 +425,12 @@ def xid_name(xid: int) -> str:
 
 @check(
     "gpu.xid",
-    probes=("kernel-log.txt", PCI, SMI),
+    probes=(KERNEL_LOG, PCI, SMI_XML),
     severity="high",
     summary="no NVRM Xid in this boot's kernel log (severity by Xid)",
 )
 def gpu_xid(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    events = facts.xids()
+    events = kernel_log.xids(facts)
     ignored = set(exp.xid_ignore)
     by_gpu: dict[tuple[int | None, str], list[int]] = {}
     first_msg: dict[tuple[int | None, str], str] = {}
@@ -437,7 +439,7 @@ def gpu_xid(facts: HostFacts, exp: Expectations) -> list[Finding]:
         if ev.xid in ignored:
             skipped.append(ev.xid)
             continue
-        key = facts.gpu_index_for_pci(ev.pci)
+        key = kernel_log.gpu_index_for_pci(facts, ev.pci)
         by_gpu.setdefault(key, []).append(ev.xid)
         first_msg.setdefault(key, ev.message)
     findings: list[Finding] = []
@@ -467,7 +469,7 @@ def gpu_xid(facts: HostFacts, exp: Expectations) -> list[Finding]:
         return findings
     note = f" ({len(skipped)} ignored by policy: {sorted(set(skipped))})" if skipped else ""
     try:
-        if not facts.pci_gpus():
+        if not host.pci_gpus(facts):
             return [outcome(SKIP, "no NVIDIA GPU on the PCI bus; no Xid in the kernel log" + note)]
     except Unavailable:
         pass

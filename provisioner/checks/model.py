@@ -6,11 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+# A fact's Unavailable is the checks' too: a check raises it for what it cannot judge.
+from provisioner.probes.base import ERROR, SKIP, HostFacts
+from provisioner.probes.base import Unavailable as Unavailable
+
 if TYPE_CHECKING:
-    from provisioner.checks.facts import HostFacts
     from provisioner.expectations import Expectations
 
-PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
+PASS, WARN, FAIL = "pass", "warn", "fail"
 STATUSES: tuple[str, ...] = (PASS, WARN, FAIL, SKIP, ERROR)
 # How bad a status is, for "worst of" summaries: a host whose checks passed or did not apply is a
 # pass; a fail outranks an error (it is a real finding, the error is a gap in what we know).
@@ -61,15 +64,6 @@ def outcome(
 ) -> Finding:
     """A finding from inside a check; the registry fills in the check id and default severity."""
     return Finding("", status, severity, detail, gpu, bus_id, data)
-
-
-class Unavailable(Exception):
-    """A fact a check needs is missing or unreadable: the check becomes skip/error with the reason."""
-
-    def __init__(self, status: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 CheckFn = Callable[["HostFacts", "Expectations"], list[Finding]]

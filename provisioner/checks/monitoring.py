@@ -5,22 +5,18 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from provisioner.checks.cluster import KUBE, node_object
-from provisioner.checks.facts import HostFacts
+from provisioner.checks.cluster import node_object
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
 from provisioner.hostnumbers import is_index
 from provisioner.hosttext import short_safe_text
-from provisioner.probes import (
-    DCGM_EXPORTER,
-    DCGM_EXPORTER_LABEL,
-    DCGM_EXPORTER_MAX_BYTES,
-    HOST_FACTS,
-    ExporterProbe,
-    Sample,
-    parse_dcgm_exporter,
-    parse_prometheus_text,
-)
+from provisioner.probes import exporter, host, smi
+from provisioner.probes.base import HostFacts
+from provisioner.probes.exporter import DCGM_EXPORTER, DCGM_EXPORTER_LABEL, DCGM_EXPORTER_MAX_BYTES
+from provisioner.probes.host import HOST_FACTS
+from provisioner.probes.kubernetes import KUBE_NODE
+from provisioner.probes.prometheus import Sample
+from provisioner.probes.smi import SMI_XML
 
 # The series a working exporter has for every GPU: all four are in the collectors the GPU Operator runs it
 # with (NVIDIA/dcgm-exporter 4.4.1-4.6.0, the chart's default image: etc/dcp-metrics-included.csv).
@@ -40,7 +36,7 @@ _UUID_LABELS = ("UUID", "uuid")
 
 def _expected(facts: HostFacts, exp: Expectations) -> tuple[str, dict[str, Any]]:
     """The node's name and object when the exporter is expected here; skip otherwise."""
-    facts.require_gpu()
+    host.require_gpu(facts)
     if exp.dcgm_exporter is False:
         raise Unavailable(SKIP, f"not expected on this host ({exp.source('monitoring.dcgm_exporter')})")
     node = node_object(facts, exp)
@@ -61,27 +57,16 @@ def _where(exp: Expectations) -> str:
     return f"node label {DEPLOY_LABEL}=true, set by the GPU Operator"
 
 
-def _probe(facts: HostFacts) -> ExporterProbe:
-    res = facts.result(DCGM_EXPORTER)
-    if res.not_applicable:
-        raise Unavailable(SKIP, res.reason())
-    if not res.ok:
-        text = res.stderr + res.stdout
-        hint = " (the node's credentials may list only its own pods)" if "Forbidden" in text else ""
-        raise Unavailable(ERROR, f"listing the exporter pods failed: {res.reason()}{hint}")
-    return facts.parsed("dcgm-exporter", lambda: parse_dcgm_exporter(res.stdout))
-
-
 @check(
     "monitoring.dcgm_exporter",
-    probes=(DCGM_EXPORTER, KUBE, HOST_FACTS, "nvidia-smi-q.xml"),
+    probes=(DCGM_EXPORTER, KUBE_NODE, HOST_FACTS, SMI_XML),
     severity="medium",
     summary="the node's DCGM exporter serves utilization, memory, temperature and Xid series for every GPU",
 )
 def dcgm_exporter(facts: HostFacts, exp: Expectations) -> list[Finding]:
     node, _ = _expected(facts, exp)
     where = f"({_where(exp)})"
-    probe = _probe(facts)
+    probe = exporter.exporter_probe(facts)
     if not probe.pods:
         if exp.dcgm_exporter is None:
             # The operator labels every GPU node for its exporter whether or not the ClusterPolicy runs one
@@ -114,16 +99,16 @@ def dcgm_exporter(facts: HostFacts, exp: Expectations) -> list[Finding]:
                 ERROR, f"DCGM exporter pod {pod}: /metrics is larger than {DCGM_EXPORTER_MAX_BYTES} bytes"
             )
         ]
-    samples = facts.parsed("dcgm-exporter-metrics", lambda: parse_prometheus_text(probe.metrics))
+    samples = exporter.exporter_samples(facts)
     return _judge(facts, node, pod, samples, where)
 
 
 def _judge(facts: HostFacts, node: str, pod: str, samples: list[Sample], where: str) -> list[Finding]:
     """One series per GPU (per MIG device on a MIG-enabled GPU) for each required metric."""
     try:
-        gpus = [(g.index, g.uuid, g.bus_id) for g in facts.smi().gpus]
+        gpus = [(g.index, g.uuid, g.bus_id) for g in smi.smi_log(facts).gpus]
     except Unavailable:
-        gpus = [(i, "", d.address) for i, d in enumerate(facts.pci_gpus())]
+        gpus = [(i, "", d.address) for i, d in enumerate(host.pci_gpus(facts))]
     by_uuid = {uuid: index for index, uuid, _ in gpus if uuid}
     indexes = {index for index, _, _ in gpus}
     series: dict[str, Counter[tuple[int, str]]] = {m: Counter() for m in REQUIRED_METRICS}

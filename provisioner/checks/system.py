@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import fnmatch
 
-from provisioner.checks.facts import HostFacts
 from provisioner.checks.model import FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
-from provisioner.probes import HOST_FACTS
+from provisioner.probes import container, cuda, host, packages, system
+from provisioner.probes.base import HostFacts
+from provisioner.probes.container import CONTAINERD_DUMP, DOCKER_DAEMON
+from provisioner.probes.cuda import NVCC_VERSION
+from provisioner.probes.host import HOST_FACTS
+from provisioner.probes.kubernetes import KUBE_NODE
+from provisioner.probes.packages import APT_HOLDS, PACKAGES
+from provisioner.probes.system import OS_RELEASE, SERVICE_PROCESSES, SERVICES
 
 
-@check("os.supported", probes=("os-release",), severity="high", summary="OS and version in the supported set")
+@check("os.supported", probes=(OS_RELEASE,), severity="high", summary="OS and version in the supported set")
 def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    osr = facts.os_release()
+    osr = system.os_release(facts)
     ident = osr.get("ID", "").lower()
     version = osr.get("VERSION_ID", "")
     pretty = osr.get("PRETTY_NAME") or f"{ident} {version}"
@@ -33,12 +39,12 @@ def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "cuda.version",
-    probes=("nvcc-version.txt", "packages.tsv"),
+    probes=(NVCC_VERSION, PACKAGES),
     severity="medium",
     summary="CUDA toolkit at /usr/local/cuda present and = policy",
 )
 def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    toolkit = facts.cuda()
+    toolkit = cuda.toolkit(facts)
     want = exp.cuda_version
     if toolkit is None:
         if want is not None:
@@ -51,7 +57,7 @@ def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
                 )
             ]
         try:
-            toolkits = sorted(p for p in facts.installed() if p.startswith("cuda-toolkit-"))
+            toolkits = sorted(p for p in packages.installed(facts) if p.startswith("cuda-toolkit-"))
         except Unavailable:
             toolkits = []
         if toolkits:
@@ -93,13 +99,13 @@ _K8S_HELD = ("kubeadm", "kubelet", "kubectl")
 
 @check(
     "packages.held",
-    probes=("apt-holds.txt", "packages.tsv"),
+    probes=(APT_HOLDS, PACKAGES),
     severity="medium",
     summary="packages that must not move on apt upgrade are held",
 )
 def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    holds = facts.holds()
-    installed = facts.installed()
+    holds = packages.holds(facts)
+    installed = packages.installed(facts)
     if exp.packages_held is None:
         # A Kubernetes node (kubelet installed) keeps its Kubernetes packages held, as Kubernetes'
         # install guide and the kubernetes role do; nothing else can be assumed.
@@ -132,12 +138,12 @@ def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 
 def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
-    installed = facts.installed()
+    installed = packages.installed(facts)
     wanted: list[str] = []
     if "nvidia-persistenced" in installed or any(p.startswith("nvidia-compute-utils-") for p in installed):
         wanted.append("nvidia-persistenced")
     try:
-        nvswitch = bool(facts.nvswitches())
+        nvswitch = bool(host.nvswitches(facts))
     except Unavailable:
         nvswitch = False
     if nvswitch or any(p.startswith("nvidia-fabricmanager") for p in installed):
@@ -146,7 +152,7 @@ def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
         wanted.append("docker")
     if installed & {"containerd", "containerd.io"}:
         wanted.append("containerd")
-    kube = facts.results.get("kube-node.json")
+    kube = facts.results.get(KUBE_NODE)
     if "kubelet" in installed and kube is not None and kube.collected and not kube.not_applicable:
         wanted.append("kubelet")
     return wanted, "default: units of installed packages" + (", NVSwitch present" if nvswitch else "")
@@ -154,7 +160,7 @@ def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
 
 @check(
     "services.active",
-    probes=("services.tsv", "service-processes.tsv", "packages.tsv", HOST_FACTS, "kube-node.json"),
+    probes=(SERVICES, SERVICE_PROCESSES, PACKAGES, HOST_FACTS, KUBE_NODE),
     severity="high",
     summary="expected services active",
 )
@@ -173,7 +179,7 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
         wanted, where = list(exp.services_active), exp.source("services.active")
         if not wanted:
             return [outcome(SKIP, f"no service expected active ({where})")]
-    states, how = facts.services()
+    states, how = system.services(facts)
     inactive = [u for u in wanted if not states.get(u, False)]
     judged = "" if how == "systemd" else f"; judged by running processes ({how})"
     if inactive:
@@ -183,12 +189,12 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
 
 @check(
     "container_toolkit.runtime",
-    probes=("docker-daemon.json", "containerd-config-dump.toml", "packages.tsv"),
+    probes=(DOCKER_DAEMON, CONTAINERD_DUMP, PACKAGES),
     severity="high",
     summary="nvidia runtime configured for docker / containerd",
 )
 def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    installed = facts.installed()
+    installed = packages.installed(facts)
     if exp.container_toolkit_runtime is None:
         if "nvidia-container-toolkit" not in installed:
             return [
@@ -220,7 +226,7 @@ def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Findi
     configured: list[str] = []
     for engine in engines:
         if engine == "docker":
-            daemon = facts.optional_json("docker-daemon.json")
+            daemon = container.docker_daemon(facts)
             runtimes = (daemon or {}).get("runtimes")
             if isinstance(runtimes, dict) and "nvidia" in runtimes:
                 configured.append("docker (/etc/docker/daemon.json)")
@@ -232,7 +238,7 @@ def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Findi
         else:
             # What containerd really uses (config.toml and what it imports, merged as containerd merges
             # them), not every file under /etc/containerd.
-            cfg = facts.containerd_config()
+            cfg = container.containerd_config(facts)
             if cfg is None:
                 missing.append("containerd: not installed (no containerd to ask)")
                 continue

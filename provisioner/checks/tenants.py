@@ -7,11 +7,12 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from provisioner.checks.facts import HostFacts
-from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
+from provisioner.checks.model import FAIL, PASS, SKIP, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
 from provisioner.hosttext import short_safe_text
-from provisioner.probes import KUBE_TENANTS, parse_json_object
+from provisioner.probes import kubernetes
+from provisioner.probes.base import HostFacts
+from provisioner.probes.kubernetes import KUBE_TENANTS, Cluster
 from provisioner.tenants import POOL_LABEL, Tenant
 
 # Namespace annotations that pin a namespace's pods to a node pool: the PodNodeSelector admission plugin
@@ -56,38 +57,6 @@ def _shown(value: Fraction | None) -> str:
     if value is None:
         return "?"
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
-
-
-class Cluster:
-    """The namespaces, ResourceQuotas and LimitRanges of the probe's List."""
-
-    def __init__(self, doc: dict[str, Any]) -> None:
-        items = doc.get("items")
-        if doc.get("kind") != "List" or not isinstance(items, list):
-            raise Unavailable(ERROR, f"{KUBE_TENANTS}: not a List of objects (kind {doc.get('kind')!r})")
-        self.namespaces: dict[str, dict[str, Any]] = {}
-        self.quotas: dict[str, list[dict[str, Any]]] = {}
-        self.limit_ranges: dict[str, list[dict[str, Any]]] = {}
-        for item in items:
-            if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict):
-                raise Unavailable(ERROR, f"{KUBE_TENANTS}: an item is not a Kubernetes object")
-            meta = item["metadata"]
-            kind = item.get("kind")
-            if kind == "Namespace":
-                self.namespaces[str(meta.get("name"))] = item
-            elif kind == "ResourceQuota":
-                self.quotas.setdefault(str(meta.get("namespace")), []).append(item)
-            elif kind == "LimitRange":
-                self.limit_ranges.setdefault(str(meta.get("namespace")), []).append(item)
-
-
-def _cluster(facts: HostFacts) -> Cluster:
-    res = facts.result(KUBE_TENANTS)
-    if res.not_applicable:
-        raise Unavailable(SKIP, f"{res.reason()} (tenants are checked on the control plane)")
-    if not res.ok:
-        raise Unavailable(ERROR, f"kubectl get namespaces,resourcequotas,limitranges failed: {res.reason()}")
-    return facts.parsed("kube-tenants", lambda: Cluster(parse_json_object(res.stdout, KUBE_TENANTS)))
 
 
 def _mapping(obj: Any, *path: str) -> dict[str, Any]:
@@ -180,7 +149,7 @@ def tenants_quota(facts: HostFacts, exp: Expectations) -> list[Finding]:
         raise Unavailable(
             SKIP, "no tenants declared (tenants.quota in a policy, gpuprov_tenants in the inventory)"
         )
-    cluster = _cluster(facts)
+    cluster = kubernetes.tenant_objects(facts)
     where = exp.source("tenants.quota")
     findings: list[Finding] = []
     for tenant in exp.tenants:

@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from provisioner import probes as P
 from provisioner.checks import PASS, HostFacts, evaluate
 from provisioner.checks.driver import installed_version
 from provisioner.checks.model import Unavailable
@@ -41,6 +40,11 @@ from provisioner.expectations import Expectations
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.inventory import needs_become
 from provisioner.mig import parse_mig_devices
+from provisioner.probes import kernel_log, smi
+from provisioner.probes.base import ProbeResult
+from provisioner.probes.host import HOST_FACTS, pci_gpus
+from provisioner.probes.kernel_log import KERNEL_LOG
+from provisioner.probes.smi import SMI_XML
 from provisioner.upgrade.model import ANNOTATION, InstallOutcome, NodeInfo, StepFailed
 from provisioner.upgrade.plan import DriverTarget, HostProbe, valid_node_name
 
@@ -52,7 +56,7 @@ STEPS = ("stopping", "installing", "reloading", "rebooting")
 KUBECONFIG = "/etc/kubernetes/admin.conf"
 EVICT_LABEL = "gpuprov.io/evict-for-driver-upgrade"  # marks the GPU pods `--no-drain` evicts
 # What the probe reads: the loaded driver, the GPUs on the bus and seen by the driver, the kernel log.
-PROBES = (P.HOST_FACTS, "nvidia-smi-q.xml", "kernel-log.txt")
+PROBES = (HOST_FACTS, SMI_XML, KERNEL_LOG)
 # GPU Operator operand pods (label app=...) that keep the GPU open; they leave once the node's operands
 # are switched off (nvidia.com/gpu.deploy.operands=false).
 OPERAND_APPS = (
@@ -76,7 +80,7 @@ NOTES = {
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 
 
-def probe_from_results(host: str, results: Mapping[str, P.ProbeResult], node: str | None) -> HostProbe:
+def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str | None) -> HostProbe:
     """A HostProbe from raw probe results (pure: tested on recorded hosts)."""
     facts = HostFacts(host, results)
     try:
@@ -84,15 +88,15 @@ def probe_from_results(host: str, results: Mapping[str, P.ProbeResult], node: st
     except Unavailable:
         loaded = None
     try:
-        pci = len(facts.pci_gpus())
+        pci = len(pci_gpus(facts))
     except Unavailable:
         pci = 0
     try:
-        driver: int | None = len(facts.smi().gpus)
+        driver: int | None = len(smi.smi_log(facts).gpus)
     except Unavailable:
         driver = None
     try:
-        xids = tuple(e.line for e in facts.xids())
+        xids = tuple(e.line for e in kernel_log.xids(facts))
     except Unavailable:
         xids = ()
     loaded_check = evaluate(facts, Expectations(), ["driver.loaded"])[0]

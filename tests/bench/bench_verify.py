@@ -43,8 +43,9 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
 from loopback_sshd import LoopbackFleet, available  # noqa: E402
 
-from provisioner import probes as P  # noqa: E402
 from provisioner.checks import CHECK_IDS, probes_for  # noqa: E402
+from provisioner.probes import PROBES_BY_NAME  # noqa: E402
+from provisioner.probes.script import _PRELUDE, build_script, new_token  # noqa: E402
 from provisioner.verification import verify_hosts  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -104,10 +105,10 @@ def write_inventory(fleet: LoopbackFleet, path: Path) -> None:
 
 def write_playbook(path: Path, names: list[str]) -> None:
     """The probe set as Ansible tasks: the same prelude and probe body, one shell task per probe."""
-    prelude = P._PRELUDE.split("run() {")[0]  # PATH, LC_ALL, t(), now(), rd(): what the bodies use
+    prelude = _PRELUDE.split("run() {")[0]  # PATH, LC_ALL, t(), now(), rd(): what the bodies use
     tasks = []
     for name in names:
-        script = f"{prelude}\np() {{\n{P.PROBES_BY_NAME[name].command}\n}}\np\n"
+        script = f"{prelude}\np() {{\n{PROBES_BY_NAME[name].command}\n}}\np\n"
         tasks.append(
             {
                 "name": f"Probe {name}",
@@ -283,7 +284,7 @@ def main() -> int:
         names = probes_for(CHECK_IDS)
         playbook = work / "probes.yml"
         write_playbook(playbook, names)
-        script = P.build_script(names, P.new_token())
+        script = build_script(names, new_token())
 
         runs.append(run_ssh(fleet, args.parallel, ["true"], "OpenSSH floor: ssh host true"))
         runs.append(run_gpuprov(fleet, args.parallel))

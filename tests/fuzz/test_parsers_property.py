@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import verify_fixtures as vf
 
-from provisioner import probes as P
 from provisioner.checks import CHECK_IDS, HostFacts, evaluate
 from provisioner.expectations import Expectations
+from provisioner.probes.base import ParseError
+from provisioner.probes.script import parse_script_output
+from provisioner.probes.smi import parse_nvidia_smi_xml
 
 REAL = vf.h200_probes()
 NAMES = sorted(REAL)
@@ -55,8 +57,8 @@ def test_checks_never_crash_on_mutated_real_output(probes: dict[str, tuple[int |
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=2000))
 def test_the_xml_parser_only_ever_raises_parse_error(text: str) -> None:
-    with contextlib.suppress(P.ParseError):
-        P.parse_nvidia_smi_xml(text)
+    with contextlib.suppress(ParseError):
+        parse_nvidia_smi_xml(text)
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,5 +66,5 @@ def test_the_xml_parser_only_ever_raises_parse_error(text: str) -> None:
 def test_the_probe_framing_never_crashes(stdout: str, stderr: str) -> None:
     token = "0123456789abcdef"
     text = f"@@{token} B os-release\n{stdout}\n@@{token} E os-release 0 1.0 2.0\n"
-    results = P.parse_script_output(text, token, ["os-release", "uname-r"], stderr)
+    results = parse_script_output(text, token, ["os-release", "uname-r"], stderr)
     assert set(results) == {"os-release", "uname-r"}

@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner import probes as P
 from provisioner import top as T
+from provisioner.probes.kernel_log import XID_MAX
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
 
@@ -54,7 +54,7 @@ def check_gpu(g: T.GpuSample) -> None:
         if value is not None:
             lo, hi = T.READING_RANGES[name]
             assert math.isfinite(value) and lo <= value <= hi, (name, value)
-    assert all(0 <= x <= P.XID_MAX for x in g.xids)
+    assert all(0 <= x <= XID_MAX for x in g.xids)
     if g.error is None and g.mem_used_mib is not None and g.mem_total_mib is not None:
         assert g.mem_used_mib <= g.mem_total_mib
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from gpuprov_lab.sim import catalog, debs, nvidia, nvml, profiles
 
-from provisioner import probes
+from provisioner.probes import PROBES_BY_NAME
+from provisioner.probes.base import ProbeResult
 
 HOSTLIB = Path(nvidia.__file__).parent / "hostfiles" / "usr" / "lib" / "gpuprov-lab" / "python"
 if str(HOSTLIB) not in sys.path:
@@ -151,22 +152,22 @@ class SimHost:
 
     def pci_probe(self) -> str:
         """The pci-devices.txt probe's sysfs branch, run over this root's /sys."""
-        body = probes.PROBES_BY_NAME["pci-devices.txt"].command
+        body = PROBES_BY_NAME["pci-devices.txt"].command
         body = "\n".join(ln for ln in body.splitlines() if "lspci" not in ln)
         body = body.replace("/sys/bus/pci/devices", f"{self.root}/sys/bus/pci/devices")
         return subprocess.run(["sh", "-c", body], capture_output=True, text=True, check=True).stdout
 
-    def probe_results(self) -> dict[str, probes.ProbeResult]:
+    def probe_results(self) -> dict[str, ProbeResult]:
         """What the verification probes would collect from this host."""
         rc, xml = self.smi("-q", "-x")
         vrc, version = self.smi("--version")
         results = {
-            "os-release": probes.ProbeResult("os-release", 0, 'ID=debian\nVERSION_ID="12"\n'),
-            "pci-devices.txt": probes.ProbeResult("pci-devices.txt", 0, self.pci_probe()),
-            "nvidia-smi-q.xml": probes.ProbeResult("nvidia-smi-q.xml", rc, xml),
-            "nvidia-smi-version.txt": probes.ProbeResult("nvidia-smi-version.txt", vrc, version),
-            "kernel-log.txt": probes.ProbeResult("kernel-log.txt", 0, self.dmesg()),
-            "modules.txt": probes.ProbeResult(
+            "os-release": ProbeResult("os-release", 0, 'ID=debian\nVERSION_ID="12"\n'),
+            "pci-devices.txt": ProbeResult("pci-devices.txt", 0, self.pci_probe()),
+            "nvidia-smi-q.xml": ProbeResult("nvidia-smi-q.xml", rc, xml),
+            "nvidia-smi-version.txt": ProbeResult("nvidia-smi-version.txt", vrc, version),
+            "kernel-log.txt": ProbeResult("kernel-log.txt", 0, self.dmesg()),
+            "modules.txt": ProbeResult(
                 "modules.txt", 0, (self.root / "run/gpuprov-lab/proc-modules").read_text()
             ),
         }
@@ -176,9 +177,9 @@ class SimHost:
         ):
             f = self.root / path
             results[name] = (
-                probes.ProbeResult(name, 0, f.read_text())
+                ProbeResult(name, 0, f.read_text())
                 if f.exists()
-                else probes.ProbeResult(name, 1, "", f"/{path}: No such file or directory")
+                else ProbeResult(name, 1, "", f"/{path}: No such file or directory")
             )
         return results
 

@@ -12,12 +12,17 @@ from typing import Any
 import pytest
 import verify_fixtures as vf
 
-from provisioner import probes as P
 from provisioner.checks import HostFacts
 from provisioner.checks import cluster as C
 from provisioner.checks import monitoring as M
 from provisioner.checks.tenants import quantity
 from provisioner.expectations import Expectations
+from provisioner.probes.base import ParseError, ProbeResult
+from provisioner.probes.container import parse_containerd_dump
+from provisioner.probes.dcgm import parse_dcgm_diag
+from provisioner.probes.prometheus import Sample, parse_prometheus_text
+from provisioner.probes.script import parse_script_output
+from provisioner.probes.smi import parse_nvidia_smi_xml
 
 NOT_COUNTS = ["1²", "٣", "１６", "9" * 5000, "9" * 17, "16x;rm -rf /", "1 6"]
 
@@ -27,14 +32,14 @@ NOT_COUNTS = ["1²", "٣", "１６", "9" * 5000, "9" * 17, "16x;rm -rf /", "1 6"
 @pytest.mark.parametrize("value", NOT_COUNTS)
 def test_an_xml_count_that_is_no_number_makes_the_xml_an_error(value: str) -> None:
     xml = vf.raw("nvidia-smi-q-x.xml").replace("<current_link_width>16x<", f"<current_link_width>{value}<")
-    with pytest.raises(P.ParseError, match="current_link_width"):
-        P.parse_nvidia_smi_xml(xml)
+    with pytest.raises(ParseError, match="current_link_width"):
+        parse_nvidia_smi_xml(xml)
 
 
 @pytest.mark.parametrize(("value", "read"), [("16x", 16), ("N/A", None), ("[Unknown Error]", None), ("8", 8)])
 def test_an_xml_count_as_nvidia_smi_prints_it(value: str, read: int | None) -> None:
     xml = vf.raw("nvidia-smi-q-x.xml").replace("<current_link_width>16x<", f"<current_link_width>{value}<")
-    (gpu,) = P.parse_nvidia_smi_xml(xml).gpus
+    (gpu,) = parse_nvidia_smi_xml(xml).gpus
     assert gpu.link_width_current == read
 
 
@@ -43,10 +48,10 @@ def test_an_xml_count_as_nvidia_smi_prints_it(value: str, read: int | None) -> N
 TOKEN = "0123456789abcdef"
 
 
-def framed(end_fields: str) -> dict[str, P.ProbeResult]:
+def framed(end_fields: str) -> dict[str, ProbeResult]:
     # As the script frames it: the end marker on a line of its own, after the output's own newline.
     text = f"@@{TOKEN} B os-release\nID=ubuntu\n\n@@{TOKEN} E os-release {end_fields}\n"
-    return P.parse_script_output(text, TOKEN, ["os-release"])
+    return parse_script_output(text, TOKEN, ["os-release"])
 
 
 @pytest.mark.parametrize("stamps", ["0 1e999", "inf 1", "0 nan", "0 " + "9" * 400, "٣ ٤", "0"])
@@ -71,19 +76,19 @@ def test_a_real_probe_frame_still_reads() -> None:
 
 @pytest.mark.parametrize("version", ["inf", "nan", "1e999", '"٣"', '"0x2"', "2.5", "true", "-2", "[2]"])
 def test_a_containerd_config_version_that_is_no_version_is_an_error(version: str) -> None:
-    with pytest.raises(P.ParseError, match="is not a config version"):
-        P.parse_containerd_dump(f"version = {version}\n")
+    with pytest.raises(ParseError, match="is not a config version"):
+        parse_containerd_dump(f"version = {version}\n")
 
 
 @pytest.mark.parametrize("version", ["2", "3", '"3"'])
 def test_containerd_config_versions_as_written(version: str) -> None:
-    assert P.parse_containerd_dump(f"version = {version}\n").version == int(version.strip('"'))
+    assert parse_containerd_dump(f"version = {version}\n").version == int(version.strip('"'))
 
 
 @pytest.mark.parametrize("value", ["٣٤", "３４", "3²", "1e٣"])
 def test_a_metric_value_in_other_digits_is_an_error(value: str) -> None:
-    with pytest.raises(P.ParseError, match="not a number"):
-        P.parse_prometheus_text(f'DCGM_FI_DEV_GPU_TEMP{{gpu="0"}} {value}\n')
+    with pytest.raises(ParseError, match="not a number"):
+        parse_prometheus_text(f'DCGM_FI_DEV_GPU_TEMP{{gpu="0"}} {value}\n')
 
 
 # ------------------------------------------------------------------------------------------ dcgmi
@@ -93,7 +98,7 @@ def test_a_metric_value_in_other_digits_is_an_error(value: str) -> None:
 def test_a_dcgm_gpu_id_that_is_no_index_names_no_gpu(gpu_id: Any) -> None:
     doc = {"DCGM GPU Diagnostic": {"test_categories": [{"tests": [{"name": "Memory", "results": [
         {"gpu_id": gpu_id, "status": "Fail"}]}]}]}}  # fmt: skip
-    (result,) = P.parse_dcgm_diag(json.dumps(doc))
+    (result,) = parse_dcgm_diag(json.dumps(doc))
     assert result.gpu is None and result.status == "fail"
 
 
@@ -131,7 +136,7 @@ def test_real_quantities_still_read() -> None:
 @pytest.mark.parametrize("gpu", ["²", "٣", "9" * 5000])
 def test_an_exporter_series_for_a_gpu_label_that_is_no_index_is_a_stranger(gpu: str) -> None:
     facts = HostFacts("h200", vf.results(vf.h200_probes()))
-    samples = [P.Sample(metric, {"gpu": "0"}, 1.0, n) for n, metric in enumerate(M.REQUIRED_METRICS)]
-    samples.append(P.Sample(M.REQUIRED_METRICS[0], {"gpu": gpu}, 1.0, 99))
+    samples = [Sample(metric, {"gpu": "0"}, 1.0, n) for n, metric in enumerate(M.REQUIRED_METRICS)]
+    samples.append(Sample(M.REQUIRED_METRICS[0], {"gpu": gpu}, 1.0, 99))
     (finding,) = M._judge(facts, "h200", "pod", samples, "")
     assert finding.status == "fail" and "GPUs this host does not have" in finding.detail, finding

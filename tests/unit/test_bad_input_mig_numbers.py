@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import verify_fixtures as vf
 
-from provisioner import probes as P
 from provisioner.checks import HostFacts
 from provisioner.checks import cluster as C
 from provisioner.errors import InputError
@@ -22,6 +21,7 @@ from provisioner.inventory import HostSpec
 from provisioner.mig import parse_mig_devices, parse_profiles
 from provisioner.migapply import fleet as F
 from provisioner.migapply import verb
+from provisioner.probes.mig import SMI_LIST, mig_devices
 from provisioner.upgrade import adapters as A
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
@@ -160,7 +160,7 @@ def test_mig_apply_refuses_a_host_whose_driver_version_is_no_version(
 
 def test_an_unreadable_mig_listing_is_an_error_of_the_check_not_an_internal_one() -> None:
     probes = vf.h200_probes()
-    probes[P.SMI_LIST] = (0, "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU ٠: NVIDIA H200 (UUID: GPU-2)\n", "")
+    probes[SMI_LIST] = (0, "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU ٠: NVIDIA H200 (UUID: GPU-2)\n", "")
     with pytest.raises(C.Unavailable) as exc:
-        C.mig_devices(HostFacts("h200", vf.results(probes)))
+        mig_devices(HostFacts("h200", vf.results(probes)))
     assert exc.value.status == "error" and "not a GPU index" in exc.value.reason

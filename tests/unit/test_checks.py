@@ -433,7 +433,7 @@ def test_not_collected_is_skip_cut_short_is_error() -> None:
     (f,) = run(probes)["gpu.xid"]
     assert f.status == "skip" and "not collected" in f.detail
     results = vf.results(vf.h200_probes())
-    from provisioner.probes import ProbeResult
+    from provisioner.probes.base import ProbeResult
 
     results[SMI] = ProbeResult(SMI, None, note="output cut short while this probe ran")
     findings = evaluate(HostFacts("h200", results), Expectations())

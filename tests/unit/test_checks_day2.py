@@ -17,12 +17,21 @@ from pathlib import Path
 import pytest
 import verify_fixtures as vf
 
-from provisioner import probes as P
 from provisioner.checks import HostFacts, evaluate
 from provisioner.checks.model import Finding
 from provisioner.errors import InputError
 from provisioner.inventory_expectations import declared
 from provisioner.policy import Expectations, policy_from_mapping
+from provisioner.probes.base import ParseError
+from provisioner.probes.exporter import (
+    _DCGM_EXPORTER_PY,
+    DCGM_EXPORTER,
+    DCGM_EXPORTER_LABEL,
+    parse_dcgm_exporter,
+)
+from provisioner.probes.kubernetes import KUBE_TENANTS
+from provisioner.probes.mig import SMI_LIST
+from provisioner.probes.prometheus import parse_prometheus_text
 from provisioner.tenants import parse_tenants
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +117,7 @@ def exporter(
 def gpu_node(page: str | None = None, labels: Mapping[str, str] = DEPLOY, **kw: object) -> dict:
     probes = vf.h200_probes()
     probes["kube-node.json"] = (0, node(labels), "")
-    probes[P.DCGM_EXPORTER] = exporter(page if page is not None else metrics({0: UUID}), **kw)  # type: ignore[arg-type]
+    probes[DCGM_EXPORTER] = exporter(page if page is not None else metrics({0: UUID}), **kw)  # type: ignore[arg-type]
     return probes
 
 
@@ -192,7 +201,7 @@ def test_exporter_expectation_comes_from_the_operator_label_or_the_policy() -> N
     )
     assert f.status == "skip"
     probes = gpu_node()
-    probes[P.DCGM_EXPORTER] = (
+    probes[DCGM_EXPORTER] = (
         1,
         "",
         'Error from server (Forbidden): pods is forbidden: User "system:node:h200"',
@@ -203,12 +212,12 @@ def test_exporter_expectation_comes_from_the_operator_label_or_the_policy() -> N
 
 def test_prometheus_parser_reads_the_format_strictly() -> None:
     page = '# HELP x A.\n# TYPE x gauge\nx{a="q\\"\\\\\\n",b="",} 1.5e3 1700000000000\ny NaN\nz -Inf\n'
-    samples = P.parse_prometheus_text(page)
+    samples = parse_prometheus_text(page)
     assert [(s.name, s.labels, s.value) for s in samples[:1]] == [("x", {"a": 'q"\\\n', "b": ""}, 1500.0)]
     assert [s.name for s in samples] == ["x", "y", "z"]
     for bad in ("x 1 2 3\n", "# TYPE x gaug\n", 'x{1a="b"} 1\n', "x 0x10\n", '{a="b"} 1\n'):
-        with pytest.raises(P.ParseError):
-            P.parse_prometheus_text(bad)
+        with pytest.raises(ParseError):
+            parse_prometheus_text(bad)
 
 
 class _Exporter(BaseHTTPRequestHandler):
@@ -246,9 +255,9 @@ def _host_script(tmp_path: Path, port: int) -> dict:
     )
     kubectl.chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "http_proxy": "http://192.0.2.1:9"}
-    script = textwrap.dedent(P._DCGM_EXPORTER_PY)
+    script = textwrap.dedent(_DCGM_EXPORTER_PY)
     done = subprocess.run(
-        [sys.executable, "-", "/etc/kubernetes/kubelet.conf", "h200", P.DCGM_EXPORTER_LABEL, "4096"],
+        [sys.executable, "-", "/etc/kubernetes/kubelet.conf", "h200", DCGM_EXPORTER_LABEL, "4096"],
         input=script,
         capture_output=True,
         text=True,
@@ -271,9 +280,9 @@ def test_the_probe_program_scrapes_the_pod_and_reports_refusal(tmp_path: Path) -
     finally:
         server.shutdown()
         server.server_close()
-    probe = P.parse_dcgm_exporter(json.dumps(doc))
+    probe = parse_dcgm_exporter(json.dumps(doc))
     assert probe.scrape and probe.scrape.status == 200 and "DCGM_FI_DEV_GPU_UTIL" in probe.metrics
-    assert P.parse_dcgm_exporter(base64.b64decode(base64.b64encode(json.dumps(doc).encode())).decode()).pods
+    assert parse_dcgm_exporter(base64.b64decode(base64.b64encode(json.dumps(doc).encode())).decode()).pods
     refused = _host_script(tmp_path, server.server_address[1])  # the server is gone now
     assert "refused" in refused["scrape"]["error"].lower() and refused["metrics"] == ""
 
@@ -315,7 +324,7 @@ def cluster(
 
 def tenants_finding(text: str, tenants: object = TENANTS) -> Finding:
     probes = vf.h200_probes()
-    probes[P.KUBE_TENANTS] = (0, text, "")
+    probes[KUBE_TENANTS] = (0, text, "")
     return one(run(probes, exp_from({"tenants.quota": tenants})), "tenants.quota")
 
 
@@ -346,7 +355,7 @@ def test_quantities_compare_by_value_and_workers_skip() -> None:
     text = cluster({"requests.nvidia.com/gpu": "8000m", "requests.nvidia.com/mig-1g.18gb": "14"})
     assert tenants_finding(text).status == "pass"
     probes = vf.h200_probes()
-    probes[P.KUBE_TENANTS] = (200, "", "not the control plane: no /etc/kubernetes/admin.conf")
+    probes[KUBE_TENANTS] = (200, "", "not the control plane: no /etc/kubernetes/admin.conf")
     assert one(run(probes, exp_from({"tenants.quota": TENANTS})), "tenants.quota").status == "skip"
     assert one(run(probes), "tenants.quota").status == "skip"
 
@@ -477,7 +486,7 @@ def mig_host(allocatable: Mapping[str, str], labels: Mapping[str, str] | None = 
         vf.set_gpu(vf.raw("nvidia-smi-q-x.xml"), "mig_mode/current_mig", "Enabled"),
         "",
     )
-    probes[P.SMI_LIST] = (0, MIG_LISTING, "")
+    probes[SMI_LIST] = (0, MIG_LISTING, "")
     probes["kube-node.json"] = (0, node(labels, allocatable), "")
     return probes
 
@@ -509,7 +518,7 @@ def test_mig_config_counts_the_devices_it_can() -> None:
     probes = mig_host({}, labels)
     f = one(run(probes, exp_from({"mig.config": "all-balanced"})), "mig.config")
     assert f.status == "pass" and "4 × 1g.18gb, 1 × 3g.71gb" in f.detail and "not compared" in f.detail
-    probes[P.SMI_LIST] = (0, f"GPU 0: NVIDIA H200 (UUID: {UUID})\n", "")
+    probes[SMI_LIST] = (0, f"GPU 0: NVIDIA H200 (UUID: {UUID})\n", "")
     f = one(run(probes, exp_from({"mig.config": "all-balanced"})), "mig.config")
     assert f.status == "fail" and "no MIG device" in f.detail
 
@@ -526,7 +535,7 @@ def test_mixed_strategy_sums_each_profile_over_the_gpus() -> None:
     probes = vf.h200_probes()
     probes["pci-devices.txt"] = (0, vf.multi_gpu_pci(2), "")
     probes["nvidia-smi-q.xml"] = (0, xml, "")
-    probes[P.SMI_LIST] = (0, listing, "")
+    probes[SMI_LIST] = (0, listing, "")
     probes["kube-node.json"] = (0, node(None, {"nvidia.com/mig-1g.18gb": "8"}), "")
     f = one(run(probes, exp_from({"mig.strategy": "mixed"})), "k8s.gpu_allocatable")
     assert f.status == "pass" and "nvidia.com/mig-1g.18gb=8" in f.detail, f

@@ -341,19 +341,19 @@ def test_ssh_closing_the_connection_ends_a_running_command(fleet: LoopbackFleet)
 @needs_sshd
 def test_a_flood_of_output_is_cut_at_the_cap_and_the_command_stopped(fleet: LoopbackFleet) -> None:
     """A host printing without end costs the controller at most the cap, and the run ends."""
-    from provisioner import probes as P
+    from provisioner.probes.script import build_script, new_token, parse_script_output
 
     ex = SshExecutor(target(fleet), max_output=1 << 20)
-    token = P.new_token()
+    token = new_token()
     flood = "flood() { yes 'NVRM: Xid (PCI:0000:00:06): 79, pid=1, GPU has fallen off the bus.'; }\n"
-    script = P.build_script(["os-release"], token).replace("main() {", flood + "main() {")
+    script = build_script(["os-release"], token).replace("main() {", flood + "main() {")
     script = script.replace("  run os-release p0", "  run os-release flood")
     try:
         res = ex.run(script, 60)
     finally:
         ex.close()
     assert len(res.stdout) <= 1 << 20 and "cut" in res.stderr
-    results = P.parse_script_output(res.stdout, token, ["os-release"], res.stderr)
+    results = parse_script_output(res.stdout, token, ["os-release"], res.stderr)
     assert results["os-release"].rc is None and "cut short" in results["os-release"].note
 
 

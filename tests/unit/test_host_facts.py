@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import probes as P
-from provisioner.checks import evaluate
-from provisioner.checks.facts import HostFacts
+from provisioner.checks import HostFacts, evaluate
 from provisioner.expectations import Expectations
+from provisioner.probes import PROBES_BY_NAME, host
+from provisioner.probes.base import ProbeResult
+from provisioner.probes.host import HOST_FACTS, HOST_FACTS_SECTIONS, parse_host_facts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
 SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files" / "gpu_host_facts.py"
@@ -44,23 +45,23 @@ def facts_from(doc: dict, rc: int = 0) -> HostFacts:
     return HostFacts(
         "h200",
         {
-            P.HOST_FACTS: P.ProbeResult(P.HOST_FACTS, rc, json.dumps(doc)),
-            "nvidia-smi-q.xml": P.ProbeResult("nvidia-smi-q.xml", 127, "", "nvidia-smi: not found"),
+            HOST_FACTS: ProbeResult(HOST_FACTS, rc, json.dumps(doc)),
+            "nvidia-smi-q.xml": ProbeResult("nvidia-smi-q.xml", 127, "", "nvidia-smi: not found"),
         },
     )
 
 
 def test_the_real_h200s_facts_read_as_the_checks_need_them() -> None:
     facts = facts_from(h200_doc())
-    gpus = facts.pci_gpus()
+    gpus = host.pci_gpus(facts)
     assert [(g.address, g.vendor, g.device, g.class_code) for g in gpus] == [
         ("0000:00:06.0", "10de", "2335", "0302")
     ]
-    assert len(facts.pci()) == 2
-    driver = facts.kernel_driver()
+    assert len(host.pci(facts)) == 2
+    driver = host.kernel_driver(facts)
     assert (driver.version, driver.open_modules) == ("580.159.04", True)
-    assert facts.module_version() == "580.159.04"
-    assert facts.nouveau_loaded() is False
+    assert host.module_version(facts) == "580.159.04"
+    assert host.nouveau_loaded(facts) is False
     findings = {f.id: f for f in evaluate(facts, Expectations(), ["gpu.present"])}
     assert findings["gpu.present"].status == "pass" and "10de:2335 ×1" in findings["gpu.present"].detail
 
@@ -97,7 +98,7 @@ def test_verification_runs_the_roles_own_probe_file() -> None:
     import base64
     import re
 
-    body = P.PROBES_BY_NAME[P.HOST_FACTS].body
+    body = PROBES_BY_NAME[HOST_FACTS].body
     encoded = re.search(r"printf '%s' '([A-Za-z0-9+/=]+)'", body).group(1)
     assert base64.b64decode(encoded) == SCRIPT.read_bytes()
     assert "--sections pci,modules,driver,secure_boot --all-pci" in body
@@ -105,12 +106,12 @@ def test_verification_runs_the_roles_own_probe_file() -> None:
 
 def test_the_probe_file_reads_this_machine_with_the_sections_asked(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--sections", P.HOST_FACTS_SECTIONS, "--all-pci"],
+        [sys.executable, str(SCRIPT), "--sections", HOST_FACTS_SECTIONS, "--all-pci"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     doc = json.loads(out.stdout)
     assert sorted(doc) == ["driver", "modules", "pci", "secure_boot"]
-    P.parse_host_facts(out.stdout)  # this machine's own sysfs parses
+    parse_host_facts(out.stdout)  # this machine's own sysfs parses
     bad = subprocess.run(
         [sys.executable, str(SCRIPT), "--sections", "pci,nope"], capture_output=True, text=True
     )

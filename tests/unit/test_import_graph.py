@@ -1,5 +1,9 @@
 """The product's modules form no import cycle, counting imports made inside functions too: a lazy import
-hides a cycle from the interpreter, not from a reader."""
+hides a cycle from the interpreter, not from a reader. A package's __init__ counts as a module like any
+other: one that imports its own modules is a cycle with any of them that imports the package back.
+
+The layers import one way: the probes (a fact's command, parser and accessor) know nothing of the checks
+that read them nor of the executors that carry their script; the executors know nothing of either."""
 
 from __future__ import annotations
 
@@ -44,12 +48,7 @@ def import_graph() -> dict[str, set[str]]:
                 # `from pkg import mod` imports a module when pkg.mod is one.
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for target in targets:
-                # A package's own __init__ importing its modules is how packages are built, not a cycle.
-                if (
-                    target in modules
-                    and target != name
-                    and not (path.name == "__init__.py" and target.startswith(name + "."))
-                ):
+                if target in modules and target != name:
                     graph[name].add(target)
     return graph
 
@@ -98,3 +97,41 @@ def test_the_graph_is_read_right() -> None:
 
 def test_no_import_cycle_in_the_product() -> None:
     assert cycles(import_graph()) == []
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _under(names: set[str], *packages: str) -> list[str]:
+    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in packages))
+
+
+def test_the_probes_import_nothing_that_reads_or_carries_them() -> None:
+    graph = import_graph()
+    probes = [n for n in graph if n == "provisioner.probes" or n.startswith("provisioner.probes.")]
+    assert "provisioner.probes.smi" in probes and "provisioner.probes.smi" in graph["provisioner.probes"]
+    readers = ("provisioner.checks", "provisioner.verification", "provisioner.executors", "provisioner.top")
+    assert {n: _under(reach(graph, n), *readers) for n in probes} == {n: [] for n in probes}
+
+
+def test_each_executor_backend_stands_on_the_interface_alone() -> None:
+    graph = import_graph()
+    backends = {
+        "provisioner.executors.local": ["provisioner.executors.base"],
+        "provisioner.executors.snapshot": ["provisioner.executors.base"],
+        "provisioner.executors.ssh_target": [],
+        "provisioner.executors.ssh": ["provisioner.executors.base", "provisioner.executors.ssh_target"],
+    }
+    assert {n: _under(graph[n], "provisioner.executors") for n in backends} == backends
+    executors = [n for n in graph if n.startswith("provisioner.executors")]
+    others = ("provisioner.probes", "provisioner.checks", "provisioner.verification")
+    assert {n: _under(reach(graph, n), *others) for n in executors} == {n: [] for n in executors}

@@ -8,8 +8,25 @@ from pathlib import Path
 import pytest
 import verify_fixtures as vf
 
-from provisioner import probes as P
 from provisioner.executors import LocalExecutor
+from provisioner.probes.base import ParseError
+from provisioner.probes.container import ContainerdRuntime, parse_containerd_dump
+from provisioner.probes.cuda import parse_nvcc
+from provisioner.probes.dcgm import parse_dcgm_diag
+from provisioner.probes.host import (
+    normalize_bus_id,
+    nvidia_gpus,
+    parse_driver_proc,
+    parse_module_version,
+    parse_modules,
+    parse_pci_devices,
+    parse_secureboot,
+)
+from provisioner.probes.kernel_log import parse_kernel_log
+from provisioner.probes.packages import Package, parse_holds, parse_packages
+from provisioner.probes.script import build_script, new_token, parse_script_output
+from provisioner.probes.smi import parse_nvidia_smi_xml, parse_smi_version
+from provisioner.probes.system import SERVICE_UNITS, parse_os_release, parse_tsv_states
 
 FIXTURES_ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -17,7 +34,7 @@ FIXTURES_ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def test_nvidia_smi_xml_real_h200() -> None:
-    log = P.parse_nvidia_smi_xml(vf.raw("nvidia-smi-q-x.xml"))
+    log = parse_nvidia_smi_xml(vf.raw("nvidia-smi-q-x.xml"))
     assert log.driver_version == "580.159.04"
     assert log.cuda_version == "13.0"
     assert log.attached_gpus == 1
@@ -59,7 +76,7 @@ def test_nvidia_smi_xml_older_throttle_and_ecc_layout() -> None:
         el = vf.ET.SubElement(volatile, kind)
         vf.ET.SubElement(el, "device_memory").text = total
         vf.ET.SubElement(el, "total").text = total
-    (gpu,) = P.parse_nvidia_smi_xml(vf.xml_text(root)).gpus
+    (gpu,) = parse_nvidia_smi_xml(vf.xml_text(root)).gpus
     assert gpu.event_reasons["hw_slowdown"] is True
     assert gpu.ecc_volatile_uncorrectable == 2
     assert gpu.ecc_volatile_correctable == 5
@@ -67,17 +84,17 @@ def test_nvidia_smi_xml_older_throttle_and_ecc_layout() -> None:
 
 @pytest.mark.parametrize("cut", [100, 5000, 20000, -20])
 def test_truncated_xml_is_a_parse_error(cut: int) -> None:
-    with pytest.raises(P.ParseError, match="not well-formed"):
-        P.parse_nvidia_smi_xml(vf.raw("nvidia-smi-q-x.xml")[:cut])
+    with pytest.raises(ParseError, match="not well-formed"):
+        parse_nvidia_smi_xml(vf.raw("nvidia-smi-q-x.xml")[:cut])
 
 
 def test_garbled_xml_inputs() -> None:
-    with pytest.raises(P.ParseError, match="printed nothing"):
-        P.parse_nvidia_smi_xml("  \n")
-    with pytest.raises(P.ParseError, match="unexpected root"):
-        P.parse_nvidia_smi_xml("<html><body>oops</body></html>")
-    with pytest.raises(P.ParseError, match="no PCI bus id"):
-        P.parse_nvidia_smi_xml("<nvidia_smi_log><gpu><uuid>x</uuid></gpu></nvidia_smi_log>")
+    with pytest.raises(ParseError, match="printed nothing"):
+        parse_nvidia_smi_xml("  \n")
+    with pytest.raises(ParseError, match="unexpected root"):
+        parse_nvidia_smi_xml("<html><body>oops</body></html>")
+    with pytest.raises(ParseError, match="no PCI bus id"):
+        parse_nvidia_smi_xml("<nvidia_smi_log><gpu><uuid>x</uuid></gpu></nvidia_smi_log>")
 
 
 def test_xml_entities_from_a_host_are_refused_and_the_real_doctype_is_not() -> None:
@@ -85,71 +102,71 @@ def test_xml_entities_from_a_host_are_refused_and_the_real_doctype_is_not() -> N
     (an expansion bomb, an external file) are refused before anything is expanded or read."""
     real = vf.raw("nvidia-smi-q-x.xml")
     assert '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">' in real
-    assert P.parse_nvidia_smi_xml(real).attached_gpus == 1
+    assert parse_nvidia_smi_xml(real).attached_gpus == 1
     laughs = "".join(f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, 10))
     bomb = f'<?xml version="1.0"?><!DOCTYPE nvidia_smi_log [<!ENTITY l0 "lol">{laughs}]>'
     bomb += "<nvidia_smi_log><driver_version>&l9;</driver_version></nvidia_smi_log>"
-    with pytest.raises(P.ParseError, match="declares XML entities"):
-        P.parse_nvidia_smi_xml(bomb)
+    with pytest.raises(ParseError, match="declares XML entities"):
+        parse_nvidia_smi_xml(bomb)
     external = '<?xml version="1.0"?><!DOCTYPE nvidia_smi_log [<!ENTITY x SYSTEM "file:///etc/shadow">]>'
     external += "<nvidia_smi_log><driver_version>&x;</driver_version></nvidia_smi_log>"
-    with pytest.raises(P.ParseError, match="declares XML entities"):
-        P.parse_nvidia_smi_xml(external)
+    with pytest.raises(ParseError, match="declares XML entities"):
+        parse_nvidia_smi_xml(external)
 
 
 def test_driver_proc_and_module_and_smi_version_real() -> None:
-    kd = P.parse_driver_proc(vf.raw("proc-driver-nvidia-version.txt"))
+    kd = parse_driver_proc(vf.raw("proc-driver-nvidia-version.txt"))
     assert kd.version == "580.159.04"
     assert kd.open_modules is True
-    assert P.parse_module_version(vf.raw("sys-module-nvidia-version.txt")) == "580.159.04"
-    versions = P.parse_smi_version(vf.raw("nvidia-smi-version.txt"))
+    assert parse_module_version(vf.raw("sys-module-nvidia-version.txt")) == "580.159.04"
+    versions = parse_smi_version(vf.raw("nvidia-smi-version.txt"))
     assert versions["nvidia-smi version"] == "580.159.04"
     assert versions["nvml version"] == "580.159"
     proprietary = (
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.195.03  Release Build  (dvs-builder@U22)\n"
     )
-    kd2 = P.parse_driver_proc(proprietary)
+    kd2 = parse_driver_proc(proprietary)
     assert (kd2.version, kd2.open_modules) == ("570.195.03", False)
-    with pytest.raises(P.ParseError):
-        P.parse_driver_proc("cat: /proc/driver/nvidia/version: No such file or directory")
-    with pytest.raises(P.ParseError):
-        P.parse_module_version("garbage\x00")
-    with pytest.raises(P.ParseError):
-        P.parse_smi_version("Failed to initialize NVML")
+    with pytest.raises(ParseError):
+        parse_driver_proc("cat: /proc/driver/nvidia/version: No such file or directory")
+    with pytest.raises(ParseError):
+        parse_module_version("garbage\x00")
+    with pytest.raises(ParseError):
+        parse_smi_version("Failed to initialize NVML")
 
 
 def test_nvcc_real_and_garbled() -> None:
-    cuda = P.parse_nvcc(vf.raw("nvcc-version.txt"))
+    cuda = parse_nvcc(vf.raw("nvcc-version.txt"))
     assert (cuda.release, cuda.version) == ("13.0", "13.0.88")
-    with pytest.raises(P.ParseError):
-        P.parse_nvcc("nvcc: NVIDIA (R) Cuda compiler dri")
+    with pytest.raises(ParseError):
+        parse_nvcc("nvcc: NVIDIA (R) Cuda compiler dri")
 
 
 def test_os_release_real() -> None:
-    osr = P.parse_os_release(vf.raw("os-release"))
+    osr = parse_os_release(vf.raw("os-release"))
     assert (osr["ID"], osr["VERSION_ID"], osr["VERSION_CODENAME"]) == ("ubuntu", "24.04", "noble")
-    with pytest.raises(P.ParseError):
-        P.parse_os_release('NAME="unterminated\n')
+    with pytest.raises(ParseError):
+        parse_os_release('NAME="unterminated\n')
 
 
 def test_packages_and_holds_from_real_dpkg_list() -> None:
     tsv, holds = vf.packages_from_dpkg_l()
-    pkgs = P.parse_packages(tsv)
+    pkgs = parse_packages(tsv)
     assert pkgs["cuda-nvcc-13-0"].version == "13.0.88-1"
     assert pkgs["cuda-nvcc-13-0"].installed and not pkgs["cuda-nvcc-13-0"].held
     assert pkgs["libnccl2"].held and pkgs["libnccl2"].installed
-    assert P.parse_holds(holds) == {
+    assert parse_holds(holds) == {
         "libcublas-13-0",
         "libcublas-dev-13-0",
         "libcudnn9-cuda-13",
         "libnccl-dev",
         "libnccl2",
     }
-    assert not P.Package("foo", "1", "rc ").installed
-    with pytest.raises(P.ParseError, match="line 2"):
-        P.parse_packages("a\t1\tii \nbroken line without tabs\n")
-    with pytest.raises(P.ParseError):
-        P.parse_holds("two words\n")
+    assert not Package("foo", "1", "rc ").installed
+    with pytest.raises(ParseError, match="line 2"):
+        parse_packages("a\t1\tii \nbroken line without tabs\n")
+    with pytest.raises(ParseError):
+        parse_holds("two words\n")
 
 
 def test_pci_lines_real_lspci_and_sysfs_forms() -> None:
@@ -160,18 +177,18 @@ def test_pci_lines_real_lspci_and_sysfs_forms() -> None:
         "0000:05:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n"
         + vf.pci_from_sysfs_capture()
     )
-    devices = P.parse_pci_devices(text)
-    gpus = P.nvidia_gpus(devices)
+    devices = parse_pci_devices(text)
+    gpus = nvidia_gpus(devices)
     assert [(d.address, d.device) for d in gpus] == [("0000:00:06.0", "2335"), ("0000:18:00.0", "2330")]
     assert [d.address for d in devices if d.is_nvswitch] == ["0000:05:00.0"]
-    with pytest.raises(P.ParseError, match="line 2"):
-        P.parse_pci_devices("0000:00:00.0 Host bridge [0600]: Intel [8086:1237]\nnot a pci line\n")
+    with pytest.raises(ParseError, match="line 2"):
+        parse_pci_devices("0000:00:00.0 Host bridge [0600]: Intel [8086:1237]\nnot a pci line\n")
 
 
 def test_bus_id_forms_are_normalised() -> None:
-    assert P.normalize_bus_id("00000000:00:06.0") == "0000:00:06.0"
-    assert P.normalize_bus_id("0000:3B:00.0") == "0000:3b:00.0"
-    assert P.normalize_bus_id("0000:3b:00") == "0000:3b:00"
+    assert normalize_bus_id("00000000:00:06.0") == "0000:00:06.0"
+    assert normalize_bus_id("0000:3B:00.0") == "0000:3b:00.0"
+    assert normalize_bus_id("0000:3b:00") == "0000:3b:00"
 
 
 def test_kernel_log_xids_dmesg_and_journal_forms() -> None:
@@ -184,50 +201,50 @@ def test_kernel_log_xids_dmesg_and_journal_forms() -> None:
         "               NVRM: fallen off the bus and is not responding to commands.",
         "[ 1900.1] NVRM: GPU at PCI:0000:00:06: GPU-04f02a4e-4e65-fbbe-b1b3-dbc3c008796e",
     )
-    events = P.parse_kernel_log(log)
+    events = parse_kernel_log(log)
     assert [(e.xid, e.pci) for e in events] == [(79, "0000:00:06"), (13, "0000:3b:00"), (79, "0000:b3:00.0")]
     assert events[0].message.startswith("pid=41223")
-    assert P.parse_kernel_log(vf.kernel_log()) == []
+    assert parse_kernel_log(vf.kernel_log()) == []
 
 
 @pytest.mark.parametrize("xid", ["9" * 5000, "10000", "4294967296"])
 def test_an_xid_number_no_driver_prints_makes_the_kernel_log_an_error(xid: str) -> None:
-    with pytest.raises(P.ParseError, match="kernel log line 5: Xid"):
-        P.parse_kernel_log(vf.kernel_log(f"[ 9.0] NVRM: Xid (PCI:0000:00:06): {xid}, pid=1, x"))
+    with pytest.raises(ParseError, match="kernel log line 5: Xid"):
+        parse_kernel_log(vf.kernel_log(f"[ 9.0] NVRM: Xid (PCI:0000:00:06): {xid}, pid=1, x"))
 
 
 @pytest.mark.parametrize("xid", ["٧٩", "7²9", "７９", "79x"])
 def test_other_scripts_digits_are_no_xid(xid: str) -> None:
-    assert P.parse_kernel_log(vf.kernel_log(f"[ 9.0] NVRM: Xid (PCI:0000:00:06): {xid}, pid=1, x")) == []
+    assert parse_kernel_log(vf.kernel_log(f"[ 9.0] NVRM: Xid (PCI:0000:00:06): {xid}, pid=1, x")) == []
 
 
 def test_services_modules_secureboot_dropins() -> None:
-    assert P.parse_tsv_states("docker\tactive\nkubelet\tinactive\n", "services.tsv") == {
+    assert parse_tsv_states("docker\tactive\nkubelet\tinactive\n", "services.tsv") == {
         "docker": "active",
         "kubelet": "inactive",
     }
-    with pytest.raises(P.ParseError):
-        P.parse_tsv_states("docker active\n", "services.tsv")
-    mods = P.parse_modules(
+    with pytest.raises(ParseError):
+        parse_tsv_states("docker active\n", "services.tsv")
+    mods = parse_modules(
         "nvidia_uvm 2076672 0 - Live 0x0000000000000000 (POE)\n"
         "nvidia 14376960 9 nvidia_uvm, Live 0x0000000000000000 (POE)\n"
     )
     assert mods == {"nvidia_uvm": "Live", "nvidia": "Live"}
-    with pytest.raises(P.ParseError):
-        P.parse_modules("nvidia\n")
-    assert P.parse_secureboot("SecureBoot enabled\n") == "enabled"
-    assert P.parse_secureboot("SecureBoot disabled\nPlatform is in Setup Mode\n") == "disabled"
-    assert P.parse_secureboot("EFI variables are not supported on this system\n") == "not-applicable"
-    assert P.parse_secureboot("SecureBoot not applicable (legacy BIOS boot: no /sys/firmware/efi)") == (
+    with pytest.raises(ParseError):
+        parse_modules("nvidia\n")
+    assert parse_secureboot("SecureBoot enabled\n") == "enabled"
+    assert parse_secureboot("SecureBoot disabled\nPlatform is in Setup Mode\n") == "disabled"
+    assert parse_secureboot("EFI variables are not supported on this system\n") == "not-applicable"
+    assert parse_secureboot("SecureBoot not applicable (legacy BIOS boot: no /sys/firmware/efi)") == (
         "not-applicable"
     )
-    v3 = P.parse_containerd_dump((FIXTURES_ROOT / "containerd" / "config-default-2.1.toml").read_text())
+    v3 = parse_containerd_dump((FIXTURES_ROOT / "containerd" / "config-default-2.1.toml").read_text())
     assert v3.version == 3 and v3.enable_cdi and v3.default_runtime == "runc"
-    assert v3.runtimes["runc"] == P.ContainerdRuntime("io.containerd.runc.v2", "")
-    v2 = P.parse_containerd_dump((FIXTURES_ROOT / "containerd" / "config-default-1.6.toml").read_text())
+    assert v3.runtimes["runc"] == ContainerdRuntime("io.containerd.runc.v2", "")
+    v2 = parse_containerd_dump((FIXTURES_ROOT / "containerd" / "config-default-1.6.toml").read_text())
     assert v2.version == 2 and not v2.enable_cdi and set(v2.runtimes) == {"runc"}
-    with pytest.raises(P.ParseError, match="TOML"):
-        P.parse_containerd_dump("[unclosed\n")
+    with pytest.raises(ParseError, match="TOML"):
+        parse_containerd_dump("[unclosed\n")
 
 
 def test_dcgm_diag_json_forms() -> None:
@@ -236,16 +253,16 @@ def test_dcgm_diag_json_forms() -> None:
       {"category": "Hardware", "tests": [{"name": "GPU Memory", "results": [
          {"gpu_id": "0", "status": "Pass"}, {"gpu_id": "3", "status": "Fail", "info": "DBE detected"}]}]}],
       "version": "4.4.1"}}"""
-    res = P.parse_dcgm_diag(doc)
+    res = parse_dcgm_diag(doc)
     assert [(r.test, r.status, r.gpu) for r in res] == [
         ("Denylist", "pass", None),
         ("GPU Memory", "pass", 0),
         ("GPU Memory", "fail", 3),
     ]
-    with pytest.raises(P.ParseError):
-        P.parse_dcgm_diag('{"DCGM Diagnostic": {"test_categ')
-    with pytest.raises(P.ParseError):
-        P.parse_dcgm_diag("Error: unable to connect to host engine")
+    with pytest.raises(ParseError):
+        parse_dcgm_diag('{"DCGM Diagnostic": {"test_categ')
+    with pytest.raises(ParseError):
+        parse_dcgm_diag("Error: unable to connect to host engine")
 
 
 # ------------------------------------------------------------------------------ script framing
@@ -266,7 +283,7 @@ def test_script_output_framing_round_trip() -> None:
         f"@@{token} B kernel-log.txt\n"
     )
     names = ["os-release", "nvidia-smi-q.xml", "kube-node.json", "kernel-log.txt", "packages.tsv"]
-    res = P.parse_script_output(out, token, names, err)
+    res = parse_script_output(out, token, names, err)
     assert (res["os-release"].stdout, res["os-release"].stderr) == ("ID=ubuntu\n", "")
     assert res["os-release"].duration_s == pytest.approx(0.02)
     assert (res["nvidia-smi-q.xml"].rc, res["nvidia-smi-q.xml"].stderr) == (
@@ -284,7 +301,7 @@ def test_marker_lookalikes_in_output_do_not_split_sections() -> None:
     token = "feedfacecafebeef"
     body = "@@0000000000000000 E os-release 0 1 2\nkeep me\n"
     text = f"@@{token} B os-release\n{body}\n@@{token} E os-release 0 1 1\n"
-    assert P.parse_script_output(text, token, ["os-release"])["os-release"].stdout == body
+    assert parse_script_output(text, token, ["os-release"])["os-release"].stdout == body
 
 
 def test_real_script_runs_under_sh_and_frames_each_probe(tmp_path: Path) -> None:
@@ -298,19 +315,19 @@ def test_real_script_runs_under_sh_and_frames_each_probe(tmp_path: Path) -> None
         "service-processes.tsv",
         "kube-node.json",
     ]
-    token = P.new_token()
-    out = LocalExecutor("here").run(["sh", "-c", P.build_script(names, token)], 30)
+    token = new_token()
+    out = LocalExecutor("here").run(["sh", "-c", build_script(names, token)], 30)
     assert out.rc == 0
-    res = P.parse_script_output(out.stdout, token, names, out.stderr)
+    res = parse_script_output(out.stdout, token, names, out.stderr)
     assert all(r.collected for r in res.values()), {n: r.note for n, r in res.items()}
-    assert P.parse_os_release(res["os-release"].stdout)["ID"]
+    assert parse_os_release(res["os-release"].stdout)["ID"]
     assert res["uname-r"].stdout.strip()
-    P.parse_pci_devices(res["pci-devices.txt"].stdout)  # sysfs (or lspci) lines parse
+    parse_pci_devices(res["pci-devices.txt"].stdout)  # sysfs (or lspci) lines parse
     if not Path("/proc/driver/nvidia/version").exists():
         assert res["proc-driver-nvidia-version"].rc == 1
         assert "No such file" in res["proc-driver-nvidia-version"].stderr
-    states = P.parse_tsv_states(res["service-processes.tsv"].stdout, "service-processes.tsv")
-    assert set(states) == set(P.SERVICE_UNITS)
+    states = parse_tsv_states(res["service-processes.tsv"].stdout, "service-processes.tsv")
+    assert set(states) == set(SERVICE_UNITS)
     if not Path("/etc/kubernetes/admin.conf").exists() and not Path("/etc/kubernetes/kubelet.conf").exists():
         assert res["kube-node.json"].not_applicable
 
@@ -324,10 +341,10 @@ def test_sysfs_pci_builder_matches_devices_here() -> None:
     )
     if shutil.which("lspci"):
         pytest.skip("lspci present: the sysfs builder is not used here")
-    token = P.new_token()
-    out = LocalExecutor("here").run(["sh", "-c", P.build_script(["pci-devices.txt"], token)], 30)
-    parsed = P.parse_pci_devices(
-        P.parse_script_output(out.stdout, token, ["pci-devices.txt"])["pci-devices.txt"].stdout
+    token = new_token()
+    out = LocalExecutor("here").run(["sh", "-c", build_script(["pci-devices.txt"], token)], 30)
+    parsed = parse_pci_devices(
+        parse_script_output(out.stdout, token, ["pci-devices.txt"])["pci-devices.txt"].stdout
     )
     assert [d.address for d in parsed] == devs
     for d in parsed:
@@ -337,8 +354,8 @@ def test_sysfs_pci_builder_matches_devices_here() -> None:
 
 def test_build_script_refuses_a_bad_token_and_quotes_the_image() -> None:
     with pytest.raises(ValueError):
-        P.build_script(["os-release"], "x; rm -rf /")
-    script = P.build_script(["container-smoke.txt"], "00aa00aa00aa00aa", smoke_image="nvcr.io/x:1'$(id)")
+        build_script(["os-release"], "x; rm -rf /")
+    script = build_script(["container-smoke.txt"], "00aa00aa00aa00aa", smoke_image="nvcr.io/x:1'$(id)")
     assert "SMOKE_IMAGE='nvcr.io/x:1'\"'\"'$(id)'" in script
 
 
@@ -350,5 +367,5 @@ def test_xid_79_with_its_fallen_off_the_bus_report_is_one_event() -> None:
         "[ 1843.308146] NVRM: The NVIDIA GPU 0000:3b:00.0",
         "               NVRM: fallen off the bus and is not responding to commands.",
     )
-    events = P.parse_kernel_log(log)
+    events = parse_kernel_log(log)
     assert [(e.xid, e.pci) for e in events] == [(79, "0000:b3:00"), (79, "0000:3b:00.0")]

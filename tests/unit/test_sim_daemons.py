@@ -1,6 +1,6 @@
 """The lab's simulated NVIDIA daemons and DCGM: persistenced, fabric manager and nv-hostengine start only
 where the real ones do, hold the driver while they run, and dcgmi's level-1 diagnostic reads through
-provisioner/probes.py the way the real JSON does, failing on the GPU a fault names."""
+provisioner/probes/ the way the real JSON does, failing on the GPU a fault names."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import sim_host
 from sim_host import SimHost, daemons, dcgm, watch
 
-from provisioner import probes
+from provisioner.probes.dcgm import DiagResult, parse_dcgm_diag
+from provisioner.probes.smi import parse_nvidia_smi_xml
 
 
 @pytest.fixture
@@ -28,9 +29,9 @@ def hold(host: SimHost, prog: str) -> None:
         st["users"][prog] = os.getpid()
 
 
-def diag(host: SimHost) -> tuple[int, list[probes.DiagResult]]:
+def diag(host: SimHost) -> tuple[int, list[DiagResult]]:
     rc, out, _ = host.run(dcgm.main, "dcgmi", ["diag", "-r", "1", "-j"], dcgm="4.4.1")
-    return rc, probes.parse_dcgm_diag(out)
+    return rc, parse_dcgm_diag(out)
 
 
 def test_persistenced_needs_a_driver_of_its_own_version(tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_persistenced_needs_a_driver_of_its_own_version(tmp_path: Path) -> None:
     assert daemons.persistenced_check(host.host, sim_host.DRIVER) is None
     assert "version mismatch" in (daemons.persistenced_check(host.host, "580.95.05") or "")
     daemons.set_all_persistence(host.host, True)
-    assert probes.parse_nvidia_smi_xml(host.smi("-q", "-x")[1]).gpus[0].persistence == "Enabled"
+    assert parse_nvidia_smi_xml(host.smi("-q", "-x")[1]).gpus[0].persistence == "Enabled"
 
 
 def test_fabric_manager_starts_only_with_nvswitches_and_the_same_driver(
@@ -81,7 +82,7 @@ def test_diag_fails_on_the_faulty_gpu_and_without_fabric_manager(h100: SimHost) 
         st["fabric"] = "configured"
     rc, results = diag(h100)
     assert rc == 0 and {r.status for r in results} == {"pass"}
-    assert probes.parse_nvidia_smi_xml(h100.smi("-q", "-x")[1]) is not None
+    assert parse_nvidia_smi_xml(h100.smi("-q", "-x")[1]) is not None
     for kind in ("remap-pending", "remap-failure", "ecc"):
         h100.set_faults([{"kind": kind, "gpu": 3}])
         rc, results = diag(h100)

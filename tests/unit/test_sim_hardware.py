@@ -1,5 +1,5 @@
 """The lab's simulated GPU hosts, run against a temporary root: the sysfs devices, the kernel module
-state, nvidia-smi and dmesg must read exactly as the real ones do through provisioner/probes.py, and
+state, nvidia-smi and dmesg must read exactly as the real ones do through provisioner/probes/, and
 each injected fault must change exactly the GPU it names (seen by the real checks)."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from gpuprov_lab import debian, vendor
 from gpuprov_lab.sim import profiles
 from sim_host import KERNEL, SimHost
 
-from provisioner import probes
 from provisioner.checks import HostFacts, evaluate
 from provisioner.expectations import Expectations
+from provisioner.probes.host import nvidia_gpus, parse_driver_proc, parse_modules, parse_pci_devices
+from provisioner.probes.kernel_log import parse_kernel_log
+from provisioner.probes.smi import parse_nvidia_smi_xml, parse_smi_version
 
 GPU_PROFILES = [name for name, p in profiles.PROFILES.items() if p.gpu_count]
 
@@ -88,13 +90,13 @@ def test_every_profile_parses_like_a_real_host(tmp_path: Path, profile: str) -> 
     host = SimHost(tmp_path, profile)
     host.driver()
     doc = profiles.profile_document(profile, "gpu1")
-    pci = probes.parse_pci_devices(host.pci_probe())
-    gpus = probes.nvidia_gpus(pci)
+    pci = parse_pci_devices(host.pci_probe())
+    gpus = nvidia_gpus(pci)
     assert [d.address for d in gpus] == [g["pci_address"] for g in doc["gpus"]]
     assert len([d for d in pci if d.is_nvswitch]) == len(doc["nvswitches"])
     rc, xml = host.smi("-q", "-x")
     assert rc == 0
-    log = probes.parse_nvidia_smi_xml(xml)
+    log = parse_nvidia_smi_xml(xml)
     assert log.driver_version == sim_host.DRIVER and log.cuda_version == "13.0"
     assert log.attached_gpus == len(log.gpus) == doc["gpu_count"]
     assert [g.bus_id for g in log.gpus] == [d.address for d in gpus]
@@ -109,11 +111,11 @@ def test_every_profile_parses_like_a_real_host(tmp_path: Path, profile: str) -> 
         "--query-gpu=index,name,memory.total,pcie.link.width.max", "--format=csv,noheader,nounits"
     )[1]
     assert csv.splitlines()[0] == f"0, {doc['gpus'][0]['name']}, {doc['gpus'][0]['memory_mib']}, 16"
-    driver = probes.parse_driver_proc(host.probe_results()["proc-driver-nvidia-version"].stdout)
+    driver = parse_driver_proc(host.probe_results()["proc-driver-nvidia-version"].stdout)
     assert (driver.version, driver.open_modules) == (sim_host.DRIVER, True)
-    assert probes.parse_smi_version(host.smi("--version")[1])["nvml version"] == "580.159"
-    assert probes.parse_kernel_log(host.dmesg()) == []
-    assert set(probes.parse_modules(host.probe_results()["modules.txt"].stdout)) == {"nvidia", "nvidia_uvm"}
+    assert parse_smi_version(host.smi("--version")[1])["nvml version"] == "580.159"
+    assert parse_kernel_log(host.dmesg()) == []
+    assert set(parse_modules(host.probe_results()["modules.txt"].stdout)) == {"nvidia", "nvidia_uvm"}
 
 
 def test_the_list_and_the_table_come_from_nvidias_real_nvidia_smi(tmp_path: Path) -> None:
@@ -189,14 +191,14 @@ def test_faults_reach_sysfs_xml_and_the_kernel_log(h100: SimHost) -> None:
     assert (dev / "reset").stat().st_mode & 0o777 == 0o200 and not (switch / "reset").exists()
     assert (dev / "reset_method").read_text() == "flr\n"  # as a real H200 shows it
     h100.set_faults([{"kind": "pcie", "gpu": 3}, {"kind": "xid", "gpu": 2, "xid": 48}])
-    log = probes.parse_nvidia_smi_xml(h100.smi("-q", "-x")[1])
+    log = parse_nvidia_smi_xml(h100.smi("-q", "-x")[1])
     assert (log.gpus[3].link_gen_current, log.gpus[3].link_width_current) == (3, 8)
     assert (dev / "current_link_speed").read_text() == "8.0 GT/s PCIe\n"
     assert (dev / "current_link_width").read_text() == "8\n"
-    xids = probes.parse_kernel_log(h100.dmesg())
+    xids = parse_kernel_log(h100.dmesg())
     assert [(x.xid, x.pci) for x in xids] == [(48, "0000:3a:00")]
     h100.set_faults([{"kind": "gpu-missing", "gpu": 5}])
-    log = probes.parse_nvidia_smi_xml(h100.smi("-q", "-x")[1])
+    log = parse_nvidia_smi_xml(h100.smi("-q", "-x")[1])
     assert log.attached_gpus == 7 and "0000:ab:00.0" not in [g.bus_id for g in log.gpus]
     assert (h100.root / "sys/bus/pci/devices/0000:ab:00.0/vendor").read_text() == "0x10de\n"
     assert len(h100.smi("-L")[1].splitlines()) == 7
@@ -221,7 +223,7 @@ def test_no_module_no_driver(tmp_path: Path) -> None:
     assert out.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
     rc, _, err = host.kmod("modprobe", "nvidia")
     assert (rc, err) == (1, f"modprobe: FATAL: Module nvidia not found in directory /lib/modules/{KERNEL}\n")
-    assert "nouveau" in probes.parse_modules(host.probe_results()["modules.txt"].stdout)
+    assert "nouveau" in parse_modules(host.probe_results()["modules.txt"].stdout)
 
 
 def test_nvml_loads_the_module_through_nvidia_modprobe(tmp_path: Path) -> None:
@@ -230,13 +232,13 @@ def test_nvml_loads_the_module_through_nvidia_modprobe(tmp_path: Path) -> None:
     assert host.build_modules().returncode == 0
     (host.root / "lib/modules").joinpath(KERNEL, "updates/dkms/nvidia.ko").rename(host.root / "nvidia.ko")
     host.boot()  # modules not installed at boot: nothing loaded
-    assert "nvidia" not in probes.parse_modules(host.probe_results()["modules.txt"].stdout)
+    assert "nvidia" not in parse_modules(host.probe_results()["modules.txt"].stdout)
     (host.root / "nvidia.ko").rename(host.root / f"lib/modules/{KERNEL}/updates/dkms/nvidia.ko")
     assert host.smi("-L")[0] == 0
-    assert "nvidia" in probes.parse_modules(host.probe_results()["modules.txt"].stdout)
+    assert "nvidia" in parse_modules(host.probe_results()["modules.txt"].stdout)
     # nvidia-kernel-support blacklists nouveau, so the next boot does not load it.
     host.boot()
-    assert "nouveau" not in probes.parse_modules(host.probe_results()["modules.txt"].stdout)
+    assert "nouveau" not in parse_modules(host.probe_results()["modules.txt"].stdout)
 
 
 def test_unload_is_refused_while_in_use_with_the_real_messages(h100: SimHost) -> None:
@@ -286,7 +288,7 @@ def test_proprietary_flavour_and_architecture_limits(tmp_path: Path) -> None:
     host.driver(flavour="proprietary")
     version = host.probe_results()["proc-driver-nvidia-version"].stdout
     assert version.startswith("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Release Build")
-    assert probes.parse_driver_proc(version).open_modules is False
+    assert parse_driver_proc(version).open_modules is False
     assert "(POE)" in (host.root / "run/gpuprov-lab/proc-modules").read_text()
     # The open module refuses a pre-Turing GPU, the proprietary one a Blackwell GPU.
     for arch, flavour in (("Volta", "open"), ("Blackwell", "proprietary")):
@@ -308,7 +310,7 @@ def test_a_restart_is_a_reboot(tmp_path: Path) -> None:
     host.smi("-pm", "1")
     host.boot()
     assert (host.root / "run/gpuprov-lab/boot_id").read_text() != first
-    assert probes.parse_nvidia_smi_xml(host.smi("-q", "-x")[1]).gpus[0].persistence == "Disabled"
+    assert parse_nvidia_smi_xml(host.smi("-q", "-x")[1]).gpus[0].persistence == "Disabled"
     assert host.dmesg().startswith("[    0.000000] Linux version")
 
 

@@ -16,8 +16,8 @@ from gpuprov_lab.state import LabState
 from sim_host import SimHost
 
 from provisioner import mig as product_mig
-from provisioner import probes
 from provisioner.errors import InputError
+from provisioner.probes.smi import parse_nvidia_smi_xml
 
 CAPTURE = Path(__file__).resolve().parents[1] / "fixtures/hosts/h200-ubuntu2404"
 H100_BUS0 = "00000000:18:00.0"
@@ -110,7 +110,7 @@ def test_all_1g_18gb_on_the_h200(h200: SimHost) -> None:
     )
     assert len({ln.split("UUID: ")[1] for ln in mig_lines}) == 7
     assert "|   0  MIG 1g.18gb         19     0/7        16.00      No" in h200.smi("mig", "-lgip")[1]
-    gpu = probes.parse_nvidia_smi_xml(h200.smi("-q", "-x")[1]).gpus[0]
+    gpu = parse_nvidia_smi_xml(h200.smi("-q", "-x")[1]).gpus[0]
     assert gpu.mig_mode == "Enabled"
     assert "        Pending                                        : Enabled" in h200.smi("-q")[1]
 

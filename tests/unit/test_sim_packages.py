@@ -13,7 +13,7 @@ from gpuprov_lab.errors import LabError
 from gpuprov_lab.sim import catalog, debs, nvidia
 from sim_host import KERNEL, deb_dir
 
-from provisioner import probes
+from provisioner.probes.cuda import CudaToolkit, parse_nvcc
 
 DRIVER_NAMES = (
     "nvidia-kernel-open-dkms",
@@ -157,7 +157,7 @@ def test_nvcc_prints_the_real_version_format(tmp_path: Path) -> None:
             text=True,
             check=True,
         ).stdout
-        assert probes.parse_nvcc(out) == probes.CudaToolkit(release, full)
+        assert parse_nvcc(out) == CudaToolkit(release, full)
     real = (
         Path(__file__).resolve().parents[1] / "fixtures/hosts/h200-ubuntu2404/nvcc-version.txt"
     ).read_text()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import probes as P
 from provisioner.errors import GpuprovError
+from provisioner.probes.base import ProbeResult
 from provisioner.verification import write_host_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +43,8 @@ def modes(root: Path) -> dict[str, int]:
     return found
 
 
-def one_result() -> dict[str, P.ProbeResult]:
-    return {"os-release": P.ProbeResult("os-release", 0, 'ID=debian\nVERSION_ID="12"\n', "", 0.01)}
+def one_result() -> dict[str, ProbeResult]:
+    return {"os-release": ProbeResult("os-release", 0, 'ID=debian\nVERSION_ID="12"\n', "", 0.01)}
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask-022", "umask-000"])

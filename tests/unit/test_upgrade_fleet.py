@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from provisioner import probes as P
 from provisioner.errors import InputError
 from provisioner.executors import CommandResult, OpenConnections, SnapshotExecutor, to_shell
 from provisioner.inventory import HostSpec
+from provisioner.probes.base import ProbeResult
 from provisioner.runner import Event, Failure, HostStats, PlaybookResult
 from provisioner.upgrade.adapters import (
     PROBES,
@@ -32,7 +32,7 @@ from provisioner.verification import replay
 H200 = Path(__file__).resolve().parent.parent / "fixtures" / "snapshots" / "h200-device" / "vm"
 
 
-def recorded() -> dict[str, P.ProbeResult]:
+def recorded() -> dict[str, ProbeResult]:
     return replay(SnapshotExecutor(H200), PROBES)
 
 
@@ -50,8 +50,8 @@ def test_probe_sees_xids_and_a_missing_driver() -> None:
     log = results["kernel-log.txt"]
     xid = "[ 4242.000001] NVRM: Xid (PCI:0000:00:06): 79, pid=0, GPU has fallen off the bus."
     results["kernel-log.txt"] = dataclasses.replace(log, stdout=log.stdout + xid + "\n")
-    results["proc-driver-nvidia-version"] = P.ProbeResult("proc-driver-nvidia-version", 1, "", "No such file")
-    results["nvidia-smi-q.xml"] = P.ProbeResult(
+    results["proc-driver-nvidia-version"] = ProbeResult("proc-driver-nvidia-version", 1, "", "No such file")
+    results["nvidia-smi-q.xml"] = ProbeResult(
         "nvidia-smi-q.xml",
         9,
         "",

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
-from provisioner.probes import RC_NOT_APPLICABLE, ProbeResult
+from provisioner.probes.base import RC_NOT_APPLICABLE, ProbeResult
 from provisioner.verification import write_host_snapshot
 
 CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
