@@ -364,7 +364,8 @@ def upgrade_driver(
     ] = None,
 ) -> int:
     """Roll a driver upgrade across GPU hosts: cordon, drain, upgrade, reload, verify, uncordon."""
-    from provisioner.upgrade.render import Progress, show
+    from provisioner.rollout.render import Progress
+    from provisioner.upgrade.render import show
     from provisioner.upgrade.verb import run_upgrade
 
     result = run_upgrade(
@@ -421,7 +422,7 @@ def mig_apply(
     """Apply each GPU host's declared MIG layout (gpuprov_mig_config), batch by batch: cordon, evict GPU
     pods, set nvidia.com/mig.config, wait for the MIG manager, verify devices and allocatable, uncordon."""
     from provisioner.migapply.verb import run_mig_apply
-    from provisioner.upgrade.render import Progress, render_summary
+    from provisioner.rollout.render import Progress, render_summary
 
     result = run_mig_apply(
         inventory=inventory,

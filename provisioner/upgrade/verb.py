@@ -13,19 +13,13 @@ from typing import Any
 
 from provisioner import records
 from provisioner.content import role_default
-from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
-from provisioner.upgrade.model import DEFAULT_DRAIN_TIMEOUT, Fleet, ProgressFn
-from provisioner.upgrade.plan import (
-    DriverTarget,
-    Plan,
-    build_plan,
-    check_count,
-    check_limit_names,
-    parse_batch,
-    parse_target,
-)
-from provisioner.upgrade.rollout import Options, Rollout, RolloutOutcome, sigint_to
-from provisioner.upgrade.state import SKIPPED, UPGRADED, VERB, UpgradeState, inventory_lock, resumable
+from provisioner.errors import EXIT_FAILED, EXIT_OK, InputError
+from provisioner.rollout.engine import RolloutOutcome, execute, exit_code, host_row, start_or_resume, summary
+from provisioner.rollout.model import DEFAULT_DRAIN_TIMEOUT, ProgressFn
+from provisioner.rollout.plan import Plan, check_count, check_limit_names, parse_batch
+from provisioner.rollout.state import CHANGED, RolloutState, inventory_lock, resumable
+from provisioner.upgrade.plan import DriverTarget, build_plan, needs, parse_target
+from provisioner.upgrade.rollout import DRIVER, DriverFleet, DriverRollout, Options
 
 
 def _resume_options(recorded: Mapping[str, Any], given: dict[str, Any]) -> Options:
@@ -86,7 +80,7 @@ def make_fleet(
     record: Path | None,
     inventory_path: Path,
     progress: ProgressFn,
-) -> Fleet:
+) -> DriverFleet:
     """The real fleet (SSH + ansible-runner); imported here so that planning stays light."""
     from provisioner.upgrade.adapters import RealFleet
 
@@ -126,7 +120,7 @@ def run_upgrade(
     dry_run: bool = False,
     limit: str | None = None,
     drain_timeout: float | None = None,
-    fleet_factory: Callable[..., Fleet] = make_fleet,
+    fleet_factory: Callable[..., DriverFleet] = make_fleet,
     stdin_isatty: Callable[[], bool] | None = None,
     progress: ProgressFn | None = None,
     confirm: Callable[[str], bool] | None = None,
@@ -165,10 +159,10 @@ def run_upgrade(
     progress = progress or (lambda host, text: None)
 
     with inventory_lock(inv_key):
-        state: UpgradeState | None = None
+        state: RolloutState | None = None
         if resume:
-            record = resumable(inv_key)
-            state = UpgradeState.load(record)
+            record = resumable(inv_key, DRIVER)
+            state = RolloutState.load(record, DRIVER)
             options = _resume_options(state.doc["options"], given)
             plan = Plan.from_dict(state.doc["plan"])
             names = list(state.hosts)
@@ -201,7 +195,7 @@ def run_upgrade(
         validate_inventory_settings(inv, selected)
         control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
 
-        record_dir = None if dry_run else (state.path.parent if state else records.new_record(VERB))
+        record_dir = None if dry_run else (state.path.parent if state else records.new_record(DRIVER.verb))
         fleet = fleet_factory(
             inv, selected, control[0] if control else None, options, record_dir, Path(inventory), progress
         )
@@ -219,47 +213,46 @@ def run_upgrade(
                 records.write_json(
                     record_dir / "command.json",
                     {
-                        "verb": VERB,
+                        "verb": DRIVER.verb,
                         "inventory": inv_key,
                         "limit": limit,
                         "options": options.to_dict(),
                         "hosts": names,
                     },
                 )
-                state = UpgradeState.create(
-                    record_dir, inventory=inv_key, options=options.to_dict(), plan=plan.to_dict(), hosts=names
+                state = RolloutState.create(
+                    record_dir,
+                    DRIVER,
+                    inventory=inv_key,
+                    options=options.to_dict(),
+                    plan=plan.to_dict(),
+                    hosts=names,
                 )
-                for name in plan.skipped:
-                    state.start(name)
-                    p = probes[name]
-                    state.update(
-                        name, from_version=p.loaded, to_version=p.loaded, before=p.to_dict(), node=p.node
-                    )
-                    state.finish(name, SKIPPED, plan.hosts[name].reason)
-                    progress(name, f"skipped: {plan.hosts[name].reason}")
+                skipped = {
+                    name: {
+                        "before": probes[name].loaded,
+                        "after": probes[name].loaded,
+                        "baseline": probes[name].to_dict(),
+                        "node": probes[name].node,
+                    }
+                    for name in plan.skipped
+                }
+                start_or_resume(state, plan, skipped, progress)
                 progress(None, f"record {record_dir}")
             else:
                 progress(None, f"upgrade-driver: resuming {state.path.parent}")
-                for name in state.hosts:
-                    state.reopen(name)
-            state.begin_invocation(resumed=resume)
-            rollout = Rollout(fleet, state, plan, options, progress, confirm=confirm or _refuse_pause)
-            with sigint_to(rollout):
-                outcome = rollout.run()
-            state.end_invocation(outcome.status, outcome.reason)
+                start_or_resume(state, plan, None, progress)
+            rollout = DriverRollout(fleet, state, plan, options, progress, confirm=confirm or _refuse_pause)
+            outcome = execute(rollout, resumed=resume)
         finally:
             fleet.close()
 
-    summary = _summary(state, plan, options, outcome)
-    summary["notes"] = pin_notes(selected, state, options.install_version)
-    for note in summary["notes"]:
+    result = _summary(state, options, outcome)
+    result["notes"] = pin_notes(selected, state, options.install_version)
+    for note in result["notes"]:
         progress(None, f"note: {note}")
-    records.write_json(state.path.parent / "summary.json", summary)
-    if outcome.status in ("interrupted", "paused"):
-        code = EXIT_INTERRUPTED
-    else:
-        code = EXIT_OK if all(s.done for s in state.hosts.values()) else EXIT_FAILED
-    return UpgradeResult(code, summary=summary)
+    records.write_json(state.path.parent / "summary.json", result)
+    return UpgradeResult(exit_code(state, outcome), summary=result)
 
 
 def _refuse_pause(question: str) -> bool:
@@ -273,7 +266,7 @@ def dry_run_result(plan: Plan, options: Options) -> UpgradeResult:
     doc["options"] = options.to_dict()
     doc["waves"] = plan.waves
     for name, p in plan.hosts.items():
-        doc["hosts"][name]["needs"] = p.needs(options.drain, options.reboot_allowed)
+        doc["hosts"][name]["needs"] = needs(p, options.drain, options.reboot_allowed)
     unprobed = sorted(name for name, p in plan.hosts.items() if p.probe_error)
     warnings = []
     if unprobed:
@@ -289,14 +282,14 @@ def dry_run_result(plan: Plan, options: Options) -> UpgradeResult:
 # ----------------------------------------------------------------------------------------- output
 
 
-def pin_notes(hosts: Sequence[Any], state: UpgradeState, installed: str) -> list[str]:
+def pin_notes(hosts: Sequence[Any], state: RolloutState, installed: str) -> list[str]:
     """Upgraded hosts whose inventory (or the role's default) pins another version: the next bootstrap
     would move them back, so say so."""
     default = role_default("nvidia_driver", "nvidia_driver_version")
     by_pin: dict[str, list[str]] = {}
     for h in hosts:
         s = state.hosts.get(h.name)
-        if s is None or s.result != UPGRADED:
+        if s is None or s.result != CHANGED:
             continue
         pin = (getattr(h, "vars", None) or {}).get("nvidia_driver_version", default)
         if pin is not None and "{{" not in str(pin) and str(pin) != installed:
@@ -308,34 +301,10 @@ def pin_notes(hosts: Sequence[Any], state: UpgradeState, installed: str) -> list
     ]
 
 
-def _summary(state: UpgradeState, plan: Plan, options: Options, outcome: RolloutOutcome) -> dict[str, Any]:
-    hosts = []
-    for name, s in state.hosts.items():
-        hosts.append(
-            {
-                "host": name,
-                "from": s.from_version,
-                "to": s.to_version or options.target.text,
-                "result": s.result,
-                "reason": s.reason,
-                "duration_s": round(s.duration_s, 1),
-                "step": s.step,
-                "node": s.node,
-                "cordoned": s.cordoned_by_us,
-                "attempts": s.attempts,
-            }
-        )
-    totals: dict[str, int] = {}
-    for h in hosts:
-        totals[h["result"]] = totals.get(h["result"], 0) + 1
-    return {
-        "verb": VERB,
-        "inventory": state.doc["inventory"],
-        "record": str(state.path.parent),
-        "target": options.target.text,
-        "status": "finished" if outcome.status == "finished" and state.finished else outcome.status,
-        "stop_reason": outcome.reason,
-        "resumable": not state.finished,
-        "hosts": hosts,
-        "totals": dict(sorted(totals.items())),
-    }
+def _summary(state: RolloutState, options: Options, outcome: RolloutOutcome) -> dict[str, Any]:
+    # The state's CHANGED is written "upgraded", the word this verb shows.
+    rows = [
+        host_row(name, s, result=s.result, to=s.after or options.target.text, cordoned=s.cordoned_by_us)
+        for name, s in state.hosts.items()
+    ]
+    return summary(state, outcome, options.target.text, rows)

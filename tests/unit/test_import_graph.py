@@ -92,9 +92,34 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_right() -> None:
     graph = import_graph()
     assert "provisioner.upgrade.plan" in graph["provisioner.upgrade.rollout"]
+    assert "provisioner.rollout.engine" in graph["provisioner.migapply.rollout"]
     assert "provisioner.errors" in graph["provisioner.cli"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_import_cycle_in_the_product() -> None:
     assert cycles(import_graph()) == []
+
+
+def _reaches(graph: dict[str, set[str]], name: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_rolling_change_engine_knows_none_of_its_clients() -> None:
+    """provisioner.rollout runs any rolling change: it imports no client (the driver upgrade, mig apply),
+    and the clients do not import each other."""
+    graph = import_graph()
+    clients = ("provisioner.upgrade", "provisioner.migapply")
+    for name in graph:
+        reached = _reaches(graph, name)
+        if name.startswith("provisioner.rollout"):
+            assert not [m for m in reached if m.startswith(clients)], name
+        for mine, other in (clients, clients[::-1]):
+            if name.startswith(mine):
+                assert not [m for m in reached if m.startswith(other)], name
