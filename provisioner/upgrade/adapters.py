@@ -163,9 +163,10 @@ class RealFleet:
     # -- the driver change
 
     def extravars(self, target: DriverTarget, reboot_allowed: bool) -> dict[str, Any]:
-        """Run-scoped values for the playbook: the target, and who reloads or reboots."""
+        """Run-scoped values for the playbook: the target's branch and the exact version it resolved to,
+        and who reloads or reboots."""
         return {
-            "nvidia_driver_branch": self.install_version.split(".", 1)[0],
+            "nvidia_driver_branch": target.branch,
             "nvidia_driver_version": self.install_version,
             # The playbook unloads before and loads after the install; the role must not do it itself.
             "nvidia_driver_reload_modules": False,

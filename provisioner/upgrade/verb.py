@@ -1,8 +1,10 @@
-"""`run_upgrade`: the verb. Input is checked first (exit 2, nothing touched), then the plan is made and
-run; the result goes back to the CLI, which alone prints."""
+"""`run_upgrade`: the verb, one straight walk. The flags are checked first (exit 2, nothing touched), then
+the inventory; a new run probes and plans, a resumed one reads its plan back; the rollout runs it and the
+result goes back to the CLI, which alone prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -16,25 +18,57 @@ from provisioner.content import role_default
 from provisioner.errors import EXIT_FAILED, EXIT_OK, InputError
 from provisioner.rollout.engine import RolloutOutcome, execute, exit_code, host_row, start_or_resume, summary
 from provisioner.rollout.model import DEFAULT_DRAIN_TIMEOUT, ProgressFn
-from provisioner.rollout.plan import Plan, check_count, check_limit_names, parse_batch
+from provisioner.rollout.plan import BatchSize, Plan, check_count, check_limit_names, parse_batch
 from provisioner.rollout.state import CHANGED, RolloutState, inventory_lock, resumable
 from provisioner.upgrade.plan import DriverTarget, build_plan, needs, parse_target
 from provisioner.upgrade.rollout import DRIVER, DriverFleet, DriverRollout, Options
 
 
-def _resume_options(recorded: Mapping[str, Any], given: dict[str, Any]) -> Options:
-    """The recorded options; plan-shaping ones may be repeated but not changed, the rest may change."""
-    for key, flag in (("to", "--to"), ("batch", "--batch"), ("canary", "--canary")):
-        value = given.get(key)
-        if value is not None and str(value) != str(recorded.get(key)):
-            raise InputError(
-                f"--resume continues the recorded plan ({flag} {recorded.get(key)}); {flag} {value} differs"
-            )
-    merged = dict(recorded)
-    for key in ("max_fail", "pause", "drain", "reboot_allowed", "drain_timeout"):
-        if given.get(key) is not None:
-            merged[key] = given[key]
-    return Options.from_dict(merged)
+@dataclass(frozen=True)
+class _Flags:
+    """The command line, checked; None where a flag was not given (a resumed run keeps its own)."""
+
+    target: DriverTarget | None
+    batch: BatchSize | None
+    canary: int | None
+    max_fail: int | None
+    pause: bool | None
+    drain: bool | None
+    reboot_allowed: bool | None
+    drain_timeout: float | None
+
+    def options(self) -> Options:
+        """A new run's options: the flags, defaults for the rest."""
+        assert self.target is not None
+        return Options(
+            target=self.target,
+            batch=self.batch or BatchSize(1),
+            canary=self.canary or 0,
+            max_fail=self.max_fail or 0,
+            pause=bool(self.pause),
+            drain=self.drain is not False,
+            reboot_allowed=bool(self.reboot_allowed),
+            drain_timeout=self.drain_timeout or DEFAULT_DRAIN_TIMEOUT,
+        )
+
+    def resumed(self, recorded: Mapping[str, Any]) -> Options:
+        """The recorded options; plan-shaping ones may be repeated but not changed, the rest may change."""
+        for key, flag, value in (
+            ("to", "--to", self.target),
+            ("batch", "--batch", self.batch),
+            ("canary", "--canary", self.canary),
+        ):
+            if value is not None and str(value) != str(recorded.get(key)):
+                raise InputError(
+                    f"--resume continues the recorded plan ({flag} {recorded.get(key)}); "
+                    f"{flag} {value} differs"
+                )
+        changed = {
+            key: value
+            for key in ("max_fail", "pause", "drain", "reboot_allowed", "drain_timeout")
+            if (value := getattr(self, key)) is not None
+        }
+        return dataclasses.replace(Options.from_dict(recorded), **changed)
 
 
 _FULL_VERSION = re.compile(r"\d{3}\.\d+\.\d+")
@@ -137,19 +171,19 @@ def run_upgrade(
         raise InputError("--resume and --dry-run together: a resumed run continues its recorded plan")
     if resume and limit:
         raise InputError("--resume continues the recorded plan's hosts; leave out --limit")
-    given = {
-        "to": parse_target(to).text if to is not None else None,
-        "batch": str(parse_batch(batch)) if batch is not None else None,
-        "canary": check_count("--canary", canary) if canary is not None else None,
-        "max_fail": check_count("--max-fail", max_fail) if max_fail is not None else None,
-        "pause": pause,
-        "drain": drain,
-        "reboot_allowed": reboot_allowed,
-        "drain_timeout": drain_timeout,
-    }
+    flags = _Flags(
+        target=parse_target(to) if to is not None else None,
+        batch=parse_batch(batch) if batch is not None else None,
+        canary=check_count("--canary", canary) if canary is not None else None,
+        max_fail=check_count("--max-fail", max_fail) if max_fail is not None else None,
+        pause=pause,
+        drain=drain,
+        reboot_allowed=reboot_allowed,
+        drain_timeout=drain_timeout,
+    )
     if drain_timeout is not None and not (0 < drain_timeout < math.inf):
         raise InputError(f"--drain-timeout {drain_timeout:g}: must be a number of seconds more than 0")
-    if not resume and given["to"] is None:
+    if not resume and flags.target is None:
         parse_target(None)  # raises: --to is required
     isatty = stdin_isatty or sys.stdin.isatty
 
@@ -160,30 +194,21 @@ def run_upgrade(
 
     with inventory_lock(inv_key):
         state: RolloutState | None = None
+        plan: Plan | None = None
         if resume:
             record = resumable(inv_key, DRIVER)
             state = RolloutState.load(record, DRIVER)
-            options = _resume_options(state.doc["options"], given)
+            options = flags.resumed(state.doc["options"])
             plan = Plan.from_dict(state.doc["plan"])
-            names = list(state.hosts)
             known = set(inv.host_names())
-            missing = [h for h in names if h not in known]
+            missing = [h for h in state.hosts if h not in known]
             if missing:
                 raise InputError(
                     f"--resume: host(s) {', '.join(missing)} of {record} are no longer in {inventory}"
                 )
-            selected = [h for h in inv.select(None) if h.name in set(names)]
+            selected = [h for h in inv.select(None) if h.name in state.hosts]
         else:
-            options = Options(
-                target=parse_target(given["to"]),
-                batch=parse_batch(given["batch"]),
-                canary=given["canary"] or 0,
-                max_fail=given["max_fail"] or 0,
-                pause=bool(pause),
-                drain=drain is not False,
-                reboot_allowed=bool(reboot_allowed),
-                drain_timeout=drain_timeout or DEFAULT_DRAIN_TIMEOUT,
-            )
+            options = flags.options()
             selected = [h for h in inv.select(limit) if "gpu_nodes" in h.groups]
             if not selected:
                 by = f" by --limit {limit}" if limit else ""
@@ -200,7 +225,7 @@ def run_upgrade(
             inv, selected, control[0] if control else None, options, record_dir, Path(inventory), progress
         )
         try:
-            if state is None:
+            if state is None or plan is None:
                 names = [h.name for h in selected]
                 progress(None, f"upgrade-driver: probing {len(names)} GPU host(s)")
                 probes = fleet.probe(names)
