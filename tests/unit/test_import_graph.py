@@ -111,15 +111,20 @@ def _reaches(graph: dict[str, set[str]], name: str) -> set[str]:
     return seen
 
 
-def test_the_rolling_change_engine_knows_none_of_its_clients() -> None:
-    """provisioner.rollout runs any rolling change: it imports no client (the driver upgrade, mig apply),
-    and the clients do not import each other."""
+def test_shared_engines_know_none_of_their_clients() -> None:
+    """provisioner.rollout runs any rolling change and provisioner.playbookverb any playbook verb: neither
+    imports a verb built on it, and the rolling changes do not import each other."""
     graph = import_graph()
-    clients = ("provisioner.upgrade", "provisioner.migapply")
+    engines = {
+        "provisioner.rollout": ("provisioner.upgrade", "provisioner.migapply"),
+        "provisioner.playbookverb": ("provisioner.bootstrap",),
+    }
     for name in graph:
         reached = _reaches(graph, name)
-        if name.startswith("provisioner.rollout"):
-            assert not [m for m in reached if m.startswith(clients)], name
-        for mine, other in (clients, clients[::-1]):
-            if name.startswith(mine):
-                assert not [m for m in reached if m.startswith(other)], name
+        for engine, clients in engines.items():
+            if name.startswith(engine):
+                assert not [m for m in reached if m.startswith(clients)], name
+            for client in clients:
+                others = tuple(c for c in clients if c != client)
+                if name.startswith(client) and others:
+                    assert not [m for m in reached if m.startswith(others)], name
