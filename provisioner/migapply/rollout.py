@@ -23,6 +23,7 @@ from provisioner.migapply.fleet import (
 )
 from provisioner.rollout.engine import Rollout
 from provisioner.rollout.model import (
+    DEFAULT_DRAIN_TIMEOUT,
     OPERAND_LABEL_PREFIX,
     ChangeOutcome,
     HostProbe,
@@ -49,7 +50,7 @@ class MigOptions:
     max_fail: int = 0
     pause: bool = False
     drain: bool = False  # only GPU pods are evicted; the MIG manager takes the operands off itself
-    drain_timeout: float = 300.0
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     state_timeout: float = DEFAULT_STATE_TIMEOUT
     configs: Mapping[str, list[MigEntry]] = field(default_factory=dict)
     host_services: tuple[str, ...] = (KUBELET_SERVICE,)  # what the MIG manager may stop on a host

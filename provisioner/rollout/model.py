@@ -18,7 +18,6 @@ from provisioner.hosttext import short_safe_text
 OPERAND_LABEL_PREFIX = "nvidia.com/gpu.deploy."
 OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 DEFAULT_DRAIN_TIMEOUT = 300.0
-DEFAULT_OPERAND_TIMEOUT = 300.0
 
 
 class StepFailed(GpuprovError):

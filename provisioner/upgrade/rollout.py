@@ -19,7 +19,6 @@ from provisioner.mig import CONFIG_LABEL, MIG_OFF, STATE_LABEL
 from provisioner.rollout.engine import Rollout
 from provisioner.rollout.model import (
     DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_OPERAND_TIMEOUT,
     ChangeOutcome,
     Fleet,
     HostProbe,
@@ -53,6 +52,7 @@ DRIVER = ChangeKind(
     },
 )
 ANNOTATION = "gpuprov.io/driver-upgrade"  # on a node left cordoned: why
+DEFAULT_OPERAND_TIMEOUT = 300.0  # for the operands to leave, and for a MIG layout to come back
 
 
 class DriverFleet(Fleet, Protocol):
