@@ -107,7 +107,7 @@ class KubectlOverSsh:
         res = self.kubectl("get", "node", "-o", "json", "--", name)
         if res.rc != 0:
             # Only the API server's answer means "no such node"; kubectl missing or the API down is a
-            # failure (else a host would be upgraded without being drained).
+            # failure (else a host would be changed without being drained).
             if res.rc != 127 and re.search(
                 rf'\(NotFound\).*nodes? "{re.escape(name)}" not found', res.stderr
             ):
