@@ -107,8 +107,8 @@ def bootstrap(
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
 ) -> int:
     """Take hosts from bare OS to GPU Operator, stage by stage, then verify them."""
-    from provisioner.bootstrap.render import make_progress, show
     from provisioner.bootstrap.verb import progress_filter, run_bootstrap
+    from provisioner.playbookverb.render import make_progress, show
 
     progress = make_progress(output_format.value, shown=progress_filter(_split(only), _split(skip)))
     with progress:
@@ -364,7 +364,8 @@ def upgrade_driver(
     ] = None,
 ) -> int:
     """Roll a driver upgrade across GPU hosts: cordon, drain, upgrade, reload, verify, uncordon."""
-    from provisioner.upgrade.render import Progress, show
+    from provisioner.rollout.render import Progress
+    from provisioner.upgrade.render import show
     from provisioner.upgrade.verb import run_upgrade
 
     result = run_upgrade(
@@ -421,7 +422,7 @@ def mig_apply(
     """Apply each GPU host's declared MIG layout (gpuprov_mig_config), batch by batch: cordon, evict GPU
     pods, set nvidia.com/mig.config, wait for the MIG manager, verify devices and allocatable, uncordon."""
     from provisioner.migapply.verb import run_mig_apply
-    from provisioner.upgrade.render import Progress, render_summary
+    from provisioner.rollout.render import Progress, render_summary
 
     result = run_mig_apply(
         inventory=inventory,
@@ -450,25 +451,20 @@ def mig_apply(
 def _day2_apply(
     name: str, inventory: Path | None, check: bool, yes: bool, forks: int, output_format: OutputFormat
 ) -> int:
-    from provisioner.bootstrap.render import make_progress, show
-    from provisioner.bootstrap.verb import ENTRIES, run_bootstrap
+    from provisioner.playbookverb.day2 import run_day2
+    from provisioner.playbookverb.render import make_progress, show
 
-    entry = ENTRIES[name]
     progress = make_progress(output_format.value)
     with progress:
-        result = run_bootstrap(
+        result = run_day2(
+            name,
             inventory=inventory,
-            only=[],
-            skip=[],
-            limit=None,
             check=check,
             assume_yes=yes,
-            retry_failed=False,
             forks=forks,
             on_event=progress,
             notify=progress.note,
             confirm=_confirm if sys.stdin.isatty() else None,
-            entry=entry,
         )
     return show(result, output_format.value)
 

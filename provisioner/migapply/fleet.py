@@ -2,7 +2,7 @@
 
 Hosts are read over SSH (read-only: the GPUs with their PCI device ids and MIG mode, the MIG devices
 `nvidia-smi -L` lists, who the host is). The cluster is driven through kubectl on the first control-plane
-host (the upgrade's KubectlOverSsh), where the GPU Operator's MIG manager is told what to do by the node
+host (provisioner.rollout.kube), where the GPU Operator's MIG manager is told what to do by the node
 label protocol of NVIDIA mig-parted's k8s-mig-manager:
 
 - gpuprov sets `nvidia.com/mig.config=<layout>`; the manager takes the GPU operands off the node (their
@@ -29,9 +29,8 @@ from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.inventory import needs_become
 from provisioner.mig import CONFIG_LABEL, STATE_LABEL, parse_mig_devices
-from provisioner.upgrade.adapters import KubectlOverSsh
-from provisioner.upgrade.model import StepFailed
-from provisioner.upgrade.plan import HostProbe, valid_node_name
+from provisioner.rollout.kube import KubectlOverSsh, valid_node_name
+from provisioner.rollout.model import HostProbe, StepFailed
 from provisioner.yamlfile import load_strict
 
 PAUSED = "paused-for-mig-change"
@@ -72,18 +71,25 @@ class GpuRow:
 
 @dataclass
 class MigProbe(HostProbe):
-    """What `mig apply` reads from a host: its GPUs and MIG devices, besides who it is."""
+    """What `mig apply` reads from a host: its driver version, GPUs and MIG devices, besides who it is."""
 
+    loaded: str | None = None  # the driver version nvidia-smi reports
     gpus: list[GpuRow] = field(default_factory=list)
+    mig_devices: dict[int, dict[str, int]] | None = None  # GPU index → MIG profile → devices
 
     @property
     def device_ids(self) -> dict[int, int]:
         return {g.index: g.device_id for g in self.gpus}
 
     def to_dict(self) -> dict[str, Any]:
-        doc = super().to_dict()
-        doc["gpus"] = [[g.index, f"0x{g.device_id:04x}", g.mig_mode] for g in self.gpus]
-        return doc
+        return {
+            "loaded": self.loaded,
+            **super().to_dict(),
+            "mig_devices": None
+            if self.mig_devices is None
+            else {str(i): dict(c) for i, c in self.mig_devices.items()},
+            "gpus": [[g.index, f"0x{g.device_id:04x}", g.mig_mode] for g in self.gpus],
+        }
 
 
 def parse_gpu_rows(text: str) -> list[GpuRow]:
@@ -180,15 +186,13 @@ class MigFleet:
             probe.error = str(exc)
             return probe
         probe.loaded = query.stdout.split(",")[2].strip() if probe.gpus else None
-        probe.gpus_driver = len(probe.gpus)
-        probe.driver_ok = bool(probe.gpus)
         try:
             probe.mig_devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else None
         except ValueError as exc:
             probe.error = str(exc)
         return probe
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:
+    def probe(self, hosts: Sequence[str]) -> dict[str, MigProbe]:
         if len(hosts) == 1:
             return {hosts[0]: self._probe_one(hosts[0])}
         with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-mig") as pool:

@@ -1,5 +1,5 @@
-"""The MIG change as a rollout: the driver upgrade's waves, state and failure handling, with the host
-steps of a layout change (cordon → evict GPU pods → label → MIG manager → verify → uncordon)."""
+"""The MIG change as a rolling change (provisioner.rollout): its step, options and the host steps of a
+layout change (cordon → evict GPU pods → label → MIG manager → verify → uncordon)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,22 @@ from provisioner.migapply.fleet import (
     MigProbe,
     allocatable,
 )
-from provisioner.upgrade.model import OPERAND_LABEL_PREFIX, InstallOutcome, StepFailed, not_this_host
-from provisioner.upgrade.plan import BatchSize, HostProbe
-from provisioner.upgrade.rollout import Rollout
-from provisioner.upgrade.state import FAILED, INSTALLING, SKIPPED, UNCORDONING, UPGRADED
+from provisioner.rollout.engine import Rollout
+from provisioner.rollout.model import (
+    DEFAULT_DRAIN_TIMEOUT,
+    OPERAND_LABEL_PREFIX,
+    ChangeOutcome,
+    HostProbe,
+    StepFailed,
+    not_this_host,
+)
+from provisioner.rollout.plan import BatchSize
+from provisioner.rollout.state import CHANGED, FAILED, SKIPPED, UNCORDONING, VERIFYING, ChangeKind
 
+# The layout change's one step: the label set and the MIG manager at work. Its records and progress have
+# called it "installing" since it first ran on the driver upgrade's steps.
+APPLYING = "installing"
+MIG = ChangeKind("mig-apply", {APPLYING: frozenset({VERIFYING})})
 DEFAULT_STATE_TIMEOUT = 600.0
 ALLOCATABLE_WAIT = 120.0  # the device plugin comes back after the MIG manager restores its label
 
@@ -39,9 +50,8 @@ class MigOptions:
     max_fail: int = 0
     pause: bool = False
     drain: bool = False  # only GPU pods are evicted; the MIG manager takes the operands off itself
-    drain_timeout: float = 300.0
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     state_timeout: float = DEFAULT_STATE_TIMEOUT
-    reboot_allowed: bool = False
     configs: Mapping[str, list[MigEntry]] = field(default_factory=dict)
     host_services: tuple[str, ...] = (KUBELET_SERVICE,)  # what the MIG manager may stop on a host
 
@@ -93,10 +103,11 @@ def devices_problem(probe: MigProbe, wanted: Mapping[int, dict[str, int] | None]
     return None
 
 
-class MigRollout(Rollout):
+class MigRollout(Rollout[MigFleet, MigOptions]):
+    """A layout change's host steps on the rollout's waves."""
+
     DONE = "applied"
-    fleet: MigFleet  # type: ignore[assignment]
-    opt: MigOptions  # type: ignore[assignment]
+    PROBE = MigProbe
 
     def _wanted(self, host: str, probe: MigProbe) -> dict[int, dict[str, int] | None]:
         layout = self.opt.layouts[host]
@@ -109,8 +120,7 @@ class MigRollout(Rollout):
             self._end(host, FAILED, f"probe: {probe.error}")
             return False
         layout = self.opt.layouts[host]
-        if s.before is None:
-            self.state.update(host, before=probe.to_dict())
+        self._keep_baseline(host, probe)
         kube = self.fleet.kube
         node_name = s.node or probe.node
         if node_name is None:
@@ -130,9 +140,7 @@ class MigRollout(Rollout):
             self._end(host, FAILED, f"node {info.name} {stranger}: not cordoned or changed")
             return False
         current = info.labels.get(CONFIG_LABEL)
-        self.state.update(
-            host, node=info.name, from_version=s.from_version or current or "unset", to_version=layout
-        )
+        self.state.update(host, node=info.name, before=s.before or current or "unset", after=layout)
         done = (
             current == layout
             and info.labels.get(STATE_LABEL) == "success"
@@ -151,19 +159,19 @@ class MigRollout(Rollout):
             self.state.update(host, paused_labels=deploy)
         return True
 
-    def _install(self, hosts: list[str]) -> dict[str, InstallOutcome]:
+    def _change(self, hosts: list[str]) -> dict[str, ChangeOutcome]:
         if len(hosts) == 1:
             return {hosts[0]: self._apply_one(hosts[0])}
         with ThreadPoolExecutor(max_workers=min(len(hosts), 64), thread_name_prefix="gpuprov-mig") as pool:
             return dict(zip(hosts, pool.map(self._apply_one, hosts), strict=True))
 
-    def _apply_one(self, host: str) -> InstallOutcome:
+    def _apply_one(self, host: str) -> ChangeOutcome:
         s = self.state.hosts[host]
         node = s.node
         assert node is not None
         layout = self.opt.layouts[host]
         try:
-            self._step(host, INSTALLING)
+            self._step(host, APPLYING)
             labels = self.fleet.labels(node)
             if labels.get(CONFIG_LABEL) == layout and labels.get(STATE_LABEL) != "success":
                 # The label already names the layout (an earlier attempt failed or timed out): the manager
@@ -181,7 +189,7 @@ class MigRollout(Rollout):
         except StepFailed as exc:
             return self._failed(host, node, exc.reason)
         if state == "success":
-            return InstallOutcome("ok")
+            return ChangeOutcome("ok")
         if state == "failed":
             log = self.fleet.manager_log(node)
             tail = f"; its log ends: {short_safe_text(log.splitlines()[-1])}" if log else ""
@@ -191,7 +199,7 @@ class MigRollout(Rollout):
             host, node, f"the MIG manager did not report within {self.opt.state_timeout:g} s (state {state})"
         )
 
-    def _failed(self, host: str, node: str, why: str) -> InstallOutcome:
+    def _failed(self, host: str, node: str, why: str) -> ChangeOutcome:
         """The layout was not applied: put back the operand labels the MIG manager paused (it leaves them
         paused on failure), so the node's device plugin and exporters come back; the node stays cordoned."""
         s = self.state.hosts[host]
@@ -207,7 +215,7 @@ class MigRollout(Rollout):
         except StepFailed as exc:
             restored = f"; operand labels NOT restored: {exc.reason}"
         retry = " (gpuprov mig apply --resume restarts the node's MIG manager to retry)"
-        return InstallOutcome("failed", f"{why}{restored}; node left cordoned{retry}")
+        return ChangeOutcome("failed", f"{why}{restored}; node left cordoned{retry}")
 
     def _host_services_back(self, host: str, node: str) -> str:
         """The manager has finished with a failure: start the host services it stopped and left stopped.
@@ -277,7 +285,7 @@ class MigRollout(Rollout):
             )
             return False
         shown = ", ".join(f"{k}={v}" for k, v in sorted(expected.items()) if v)
-        self._end(host, UPGRADED, f"advertises {shown or 'no GPU'}")
+        self._end(host, CHANGED, f"advertises {shown or 'no GPU'}")
         return True
 
     def _advertised(self, node: str) -> dict[str, int]:

@@ -24,18 +24,26 @@ from typing import Any
 
 from provisioner import records
 from provisioner.content import role_default
-from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
+from provisioner.errors import EXIT_OK, InputError
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.mig import check_layout, parse_config, single_strategy_problem, wanted_devices
 from provisioner.migapply.fleet import CONFIG_LABEL, STATE_LABEL, MigFleet, MigProbe
-from provisioner.migapply.rollout import DEFAULT_STATE_TIMEOUT, MigOptions, MigRollout, devices_problem
-from provisioner.upgrade.model import ProgressFn, StepFailed
-from provisioner.upgrade.plan import DriverTarget, Plan, check_count, check_limit_names, parse_batch
-from provisioner.upgrade.rollout import sigint_to
-from provisioner.upgrade.state import SKIPPED, UPGRADED, UpgradeState, inventory_lock, resumable
+from provisioner.migapply.rollout import DEFAULT_STATE_TIMEOUT, MIG, MigOptions, MigRollout, devices_problem
+from provisioner.rollout.engine import RolloutOutcome, execute, exit_code, host_row, start_or_resume, summary
+from provisioner.rollout.model import ProgressFn, StepFailed
+from provisioner.rollout.plan import (
+    CHANGE,
+    SKIP,
+    HostPlan,
+    Plan,
+    Target,
+    check_count,
+    check_limit_names,
+    parse_batch,
+)
+from provisioner.rollout.state import CHANGED, FINAL_OK, RolloutState, inventory_lock, resumable
 
-VERB = "mig-apply"
 MIG_PARTED_ENV = "GPUPROV_MIG_PARTED"
 
 
@@ -139,13 +147,12 @@ def run_mig_apply(
     )
 
     with inventory_lock(inv_key):
-        state: UpgradeState | None = None
+        state: RolloutState | None = None
         if resume:
-            record = resumable(inv_key, VERB)
-            state = UpgradeState.load(record, VERB)
-            names = list(state.hosts)
-            selected = [h for h in inv.select(None) if h.name in set(names)]
-            missing = sorted(set(names) - {h.name for h in selected})
+            record = resumable(inv_key, MIG)
+            state = RolloutState.load(record, MIG)
+            selected = [h for h in inv.select(None) if h.name in state.hosts]
+            missing = sorted(set(state.hosts) - {h.name for h in selected})
             if missing:
                 raise InputError(
                     f"--resume: host(s) {', '.join(missing)} of {record} are no longer in {inventory}"
@@ -182,46 +189,36 @@ def run_mig_apply(
             for note in notes:
                 progress(None, f"note: {note}")
             if state is None:
-                record_dir = records.new_record(VERB)
+                record_dir = records.new_record(MIG.verb)
                 records.write_json(
                     record_dir / "command.json",
-                    {"verb": VERB, "inventory": inv_key, "limit": limit, "options": options.to_dict()},
+                    {"verb": MIG.verb, "inventory": inv_key, "limit": limit, "options": options.to_dict()},
                 )
-                state = UpgradeState.create(
+                state = RolloutState.create(
                     record_dir,
+                    MIG,
                     inventory=inv_key,
                     options=options.to_dict(),
                     plan=plan.to_dict(),
                     hosts=names,
-                    verb=VERB,
                 )
-                for name in plan.skipped:
-                    state.start(name)
-                    state.update(
-                        name, from_version=layouts[name], to_version=layouts[name], node=probes[name].node
-                    )
-                    state.finish(name, SKIPPED, plan.hosts[name].reason)
-                    progress(name, f"skipped: {plan.hosts[name].reason}")
+                skipped = {
+                    name: {"before": layouts[name], "after": layouts[name], "node": probes[name].node}
+                    for name in plan.skipped
+                }
+                start_or_resume(state, plan, skipped, progress)
                 progress(None, f"record {record_dir}")
             else:
                 progress(None, f"mig apply: resuming {state.path.parent}")
-                for name in state.hosts:
-                    state.reopen(name)
-            state.begin_invocation(resumed=resume)
-            rollout = MigRollout(fleet, state, plan, options, progress, confirm=confirm)  # type: ignore[arg-type]
-            with sigint_to(rollout):
-                outcome = rollout.run()
-            state.end_invocation(outcome.status, outcome.reason)
+                start_or_resume(state, plan, None, progress)
+            rollout = MigRollout(fleet, state, plan, options, progress, confirm=confirm)
+            outcome = execute(rollout, resumed=resume)
         finally:
             fleet.close()
-    summary = _summary(state, outcome.status, outcome.reason)
-    summary["notes"] = notes
-    records.write_json(state.path.parent / "summary.json", summary)
-    if outcome.status in ("interrupted", "paused"):
-        code = EXIT_INTERRUPTED
-    else:
-        code = EXIT_OK if state.finished else EXIT_FAILED
-    return MigResult(code, summary=summary, notes=notes)
+    result = _summary(state, outcome)
+    result["notes"] = notes
+    records.write_json(state.path.parent / "summary.json", result)
+    return MigResult(exit_code(state, outcome), summary=result, notes=notes)
 
 
 def _check(
@@ -295,10 +292,8 @@ def _check(
 
 def _plan(fleet: MigFleet, options: MigOptions, probes: dict[str, MigProbe], names: list[str]) -> Plan:
     """Hosts whose node already runs the layout (label, manager's success, devices) are skipped."""
-    from provisioner.upgrade.plan import HostPlan
-
     # The layouts are per host (options.layouts); the plan's target only names the run in its record.
-    plan = Plan(target=DriverTarget("declared-mig-layouts"))
+    plan = Plan(target=Target("declared-mig-layouts"))
     todo: list[str] = []
     for name in names:
         probe = probes[name]
@@ -316,21 +311,17 @@ def _plan(fleet: MigFleet, options: MigOptions, probes: dict[str, MigProbe], nam
             and labels.get(STATE_LABEL) == "success"
             and devices_problem(probe, wanted) is None
         ):
-            plan.hosts[name] = HostPlan(name, "skip", current, f"{layout} already applied", kube=True)
+            plan.hosts[name] = HostPlan(name, SKIP, current, f"{layout} already applied", kube=True)
             continue
-        plan.hosts[name] = HostPlan(name, "upgrade", current, kube=True)
+        plan.hosts[name] = HostPlan(name, CHANGE, current, kube=True)
         todo.append(name)
-    plan.canary = todo[: options.canary]
-    rest = todo[options.canary :]
-    size = options.batch.size_for(len(todo)) if todo else 1
-    plan.batches = [rest[i : i + size] for i in range(0, len(rest), size)]
+    plan.fill_waves(todo, options.batch, options.canary)
     return plan
 
 
 def _render_plan(plan: Plan, options: MigOptions, probes: dict[str, MigProbe]) -> str:
     lines = [f"mig apply plan (strategy {options.strategy})"]
-    for i, wave in enumerate(plan.waves, 1):
-        label = "canary" if plan.canary and i == 1 else f"batch {i - (1 if plan.canary else 0)}"
+    for label, wave in plan.named_waves():
         lines.append(f"{label} ({len(wave)} host{'s' if len(wave) != 1 else ''}, in parallel):")
         for name in wave:
             p = plan.hosts[name]
@@ -344,34 +335,15 @@ def _render_plan(plan: Plan, options: MigOptions, probes: dict[str, MigProbe]) -
     return "\n".join(lines) + "\n"
 
 
-def _summary(state: UpgradeState, status: str, reason: str) -> dict[str, Any]:
-    hosts = []
-    totals: dict[str, int] = {}
-    for name, s in state.hosts.items():
-        result = "applied" if s.result == UPGRADED else s.result
-        totals[str(result)] = totals.get(str(result), 0) + 1
-        hosts.append(
-            {
-                "host": name,
-                "from": s.from_version,
-                "to": s.to_version,
-                "result": result,
-                "reason": s.reason,
-                "duration_s": round(s.duration_s, 1),
-                "step": s.step,
-                "node": s.node,
-                "cordoned": s.cordoned_by_us or (s.result not in (UPGRADED, SKIPPED) and bool(s.node)),
-                "attempts": s.attempts,
-            }
+def _summary(state: RolloutState, outcome: RolloutOutcome) -> dict[str, Any]:
+    rows = [
+        host_row(
+            name,
+            s,
+            result="applied" if s.result == CHANGED else s.result,
+            to=s.after,
+            cordoned=s.cordoned_by_us or (s.result not in FINAL_OK and bool(s.node)),
         )
-    return {
-        "verb": VERB,
-        "inventory": state.doc["inventory"],
-        "record": str(state.path.parent),
-        "target": "declared layouts",
-        "status": "finished" if status == "finished" and state.finished else status,
-        "stop_reason": reason,
-        "resumable": not state.finished,
-        "hosts": hosts,
-        "totals": dict(sorted(totals.items())),
-    }
+        for name, s in state.hosts.items()
+    ]
+    return summary(state, outcome, "declared layouts", rows)

@@ -1,18 +1,13 @@
-"""`gpuprov upgrade-driver`: a rolling upgrade of the host-installed NVIDIA driver across a fleet.
-
-Per host: probe (skip when already at the target) → cordon → drain (or evict GPU pods) → pause the GPU
-Operator's operands → stop GPU services and unload the modules → unhold, install, hold (the
-nvidia_driver role, the same code bootstrap runs) → reload the modules, or reboot when that is
-impossible and allowed → verify → restore the operands → uncordon. Canaries first, then batches of
-hosts in parallel; no new batch starts once failures exceed --max-fail. Every step is recorded in the
-run's state file, so `--resume` carries on after a crash or Ctrl-C.
+"""`gpuprov upgrade-driver`: a rolling upgrade of the host-installed NVIDIA driver across a fleet, a client
+of the rolling change engine (provisioner.rollout), which brings the waves, canaries, --max-fail, the
+state file behind `--resume`, Ctrl-C and the node handling.
 
 The modules, each importing only those above it:
-- plan: the target (`DriverTarget`), batch sizes, per-host probes (`HostProbe`) and the wave plan;
-- state: the run's state file and the inventory lock (what `--resume` reads);
-- model: what touches hosts, as two small interfaces (`Fleet`, `Kube`) and their results;
-- rollout: the orchestration (`Rollout`), tested against a fake fleet;
-- adapters: the real fleet (SSH, kubectl on the control plane, ansible-runner);
+- plan: the target (`DriverTarget`), what a host reports of its driver (`DriverProbe`), the plan, the
+  judgement of an upgraded host and the dry-run text;
+- rollout: the driver change's steps (`DRIVER`), options, the fleet it needs and a host's way through
+  the upgrade (`DriverRollout`);
+- adapters: the real fleet (SSH probes, ansible-runner with playbooks/upgrade_driver.yml);
 - verb: `run_upgrade`, the verb: checks the input, plans, runs, and returns an `UpgradeResult`;
-- render: how the CLI shows progress, a plan and a result.
+- render: how the CLI shows a plan and a result.
 """

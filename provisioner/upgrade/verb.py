@@ -1,8 +1,10 @@
-"""`run_upgrade`: the verb. Input is checked first (exit 2, nothing touched), then the plan is made and
-run; the result goes back to the CLI, which alone prints."""
+"""`run_upgrade`: the verb, one straight walk. The flags are checked first (exit 2, nothing touched), then
+the inventory; a new run probes and plans, a resumed one reads its plan back; the rollout runs it and the
+result goes back to the CLI, which alone prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -13,34 +15,60 @@ from typing import Any
 
 from provisioner import records
 from provisioner.content import role_default
-from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
-from provisioner.upgrade.model import DEFAULT_DRAIN_TIMEOUT, Fleet, ProgressFn
-from provisioner.upgrade.plan import (
-    DriverTarget,
-    Plan,
-    build_plan,
-    check_count,
-    check_limit_names,
-    parse_batch,
-    parse_target,
-)
-from provisioner.upgrade.rollout import Options, Rollout, RolloutOutcome, sigint_to
-from provisioner.upgrade.state import SKIPPED, UPGRADED, VERB, UpgradeState, inventory_lock, resumable
+from provisioner.errors import EXIT_FAILED, EXIT_OK, InputError
+from provisioner.rollout.engine import RolloutOutcome, execute, exit_code, host_row, start_or_resume, summary
+from provisioner.rollout.model import DEFAULT_DRAIN_TIMEOUT, ProgressFn
+from provisioner.rollout.plan import BatchSize, Plan, check_count, check_limit_names, parse_batch
+from provisioner.rollout.state import CHANGED, RolloutState, inventory_lock, resumable
+from provisioner.upgrade.plan import DriverTarget, build_plan, needs, parse_target
+from provisioner.upgrade.rollout import DRIVER, DriverFleet, DriverRollout, Options
 
 
-def _resume_options(recorded: Mapping[str, Any], given: dict[str, Any]) -> Options:
-    """The recorded options; plan-shaping ones may be repeated but not changed, the rest may change."""
-    for key, flag in (("to", "--to"), ("batch", "--batch"), ("canary", "--canary")):
-        value = given.get(key)
-        if value is not None and str(value) != str(recorded.get(key)):
-            raise InputError(
-                f"--resume continues the recorded plan ({flag} {recorded.get(key)}); {flag} {value} differs"
-            )
-    merged = dict(recorded)
-    for key in ("max_fail", "pause", "drain", "reboot_allowed", "drain_timeout"):
-        if given.get(key) is not None:
-            merged[key] = given[key]
-    return Options.from_dict(merged)
+@dataclass(frozen=True)
+class _Flags:
+    """The command line, checked; None where a flag was not given (a resumed run keeps its own)."""
+
+    target: DriverTarget | None
+    batch: BatchSize | None
+    canary: int | None
+    max_fail: int | None
+    pause: bool | None
+    drain: bool | None
+    reboot_allowed: bool | None
+    drain_timeout: float | None
+
+    def options(self) -> Options:
+        """A new run's options: the flags, defaults for the rest."""
+        assert self.target is not None
+        return Options(
+            target=self.target,
+            batch=self.batch or BatchSize(1),
+            canary=self.canary or 0,
+            max_fail=self.max_fail or 0,
+            pause=bool(self.pause),
+            drain=self.drain is not False,
+            reboot_allowed=bool(self.reboot_allowed),
+            drain_timeout=self.drain_timeout or DEFAULT_DRAIN_TIMEOUT,
+        )
+
+    def resumed(self, recorded: Mapping[str, Any]) -> Options:
+        """The recorded options; plan-shaping ones may be repeated but not changed, the rest may change."""
+        for key, flag, value in (
+            ("to", "--to", self.target),
+            ("batch", "--batch", self.batch),
+            ("canary", "--canary", self.canary),
+        ):
+            if value is not None and str(value) != str(recorded.get(key)):
+                raise InputError(
+                    f"--resume continues the recorded plan ({flag} {recorded.get(key)}); "
+                    f"{flag} {value} differs"
+                )
+        changed = {
+            key: value
+            for key in ("max_fail", "pause", "drain", "reboot_allowed", "drain_timeout")
+            if (value := getattr(self, key)) is not None
+        }
+        return dataclasses.replace(Options.from_dict(recorded), **changed)
 
 
 _FULL_VERSION = re.compile(r"\d{3}\.\d+\.\d+")
@@ -86,7 +114,7 @@ def make_fleet(
     record: Path | None,
     inventory_path: Path,
     progress: ProgressFn,
-) -> Fleet:
+) -> DriverFleet:
     """The real fleet (SSH + ansible-runner); imported here so that planning stays light."""
     from provisioner.upgrade.adapters import RealFleet
 
@@ -126,7 +154,7 @@ def run_upgrade(
     dry_run: bool = False,
     limit: str | None = None,
     drain_timeout: float | None = None,
-    fleet_factory: Callable[..., Fleet] = make_fleet,
+    fleet_factory: Callable[..., DriverFleet] = make_fleet,
     stdin_isatty: Callable[[], bool] | None = None,
     progress: ProgressFn | None = None,
     confirm: Callable[[str], bool] | None = None,
@@ -143,19 +171,19 @@ def run_upgrade(
         raise InputError("--resume and --dry-run together: a resumed run continues its recorded plan")
     if resume and limit:
         raise InputError("--resume continues the recorded plan's hosts; leave out --limit")
-    given = {
-        "to": parse_target(to).text if to is not None else None,
-        "batch": str(parse_batch(batch)) if batch is not None else None,
-        "canary": check_count("--canary", canary) if canary is not None else None,
-        "max_fail": check_count("--max-fail", max_fail) if max_fail is not None else None,
-        "pause": pause,
-        "drain": drain,
-        "reboot_allowed": reboot_allowed,
-        "drain_timeout": drain_timeout,
-    }
+    flags = _Flags(
+        target=parse_target(to) if to is not None else None,
+        batch=parse_batch(batch) if batch is not None else None,
+        canary=check_count("--canary", canary) if canary is not None else None,
+        max_fail=check_count("--max-fail", max_fail) if max_fail is not None else None,
+        pause=pause,
+        drain=drain,
+        reboot_allowed=reboot_allowed,
+        drain_timeout=drain_timeout,
+    )
     if drain_timeout is not None and not (0 < drain_timeout < math.inf):
         raise InputError(f"--drain-timeout {drain_timeout:g}: must be a number of seconds more than 0")
-    if not resume and given["to"] is None:
+    if not resume and flags.target is None:
         parse_target(None)  # raises: --to is required
     isatty = stdin_isatty or sys.stdin.isatty
 
@@ -165,31 +193,22 @@ def run_upgrade(
     progress = progress or (lambda host, text: None)
 
     with inventory_lock(inv_key):
-        state: UpgradeState | None = None
+        state: RolloutState | None = None
+        plan: Plan | None = None
         if resume:
-            record = resumable(inv_key)
-            state = UpgradeState.load(record)
-            options = _resume_options(state.doc["options"], given)
+            record = resumable(inv_key, DRIVER)
+            state = RolloutState.load(record, DRIVER)
+            options = flags.resumed(state.doc["options"])
             plan = Plan.from_dict(state.doc["plan"])
-            names = list(state.hosts)
             known = set(inv.host_names())
-            missing = [h for h in names if h not in known]
+            missing = [h for h in state.hosts if h not in known]
             if missing:
                 raise InputError(
                     f"--resume: host(s) {', '.join(missing)} of {record} are no longer in {inventory}"
                 )
-            selected = [h for h in inv.select(None) if h.name in set(names)]
+            selected = [h for h in inv.select(None) if h.name in state.hosts]
         else:
-            options = Options(
-                target=parse_target(given["to"]),
-                batch=parse_batch(given["batch"]),
-                canary=given["canary"] or 0,
-                max_fail=given["max_fail"] or 0,
-                pause=bool(pause),
-                drain=drain is not False,
-                reboot_allowed=bool(reboot_allowed),
-                drain_timeout=drain_timeout or DEFAULT_DRAIN_TIMEOUT,
-            )
+            options = flags.options()
             selected = [h for h in inv.select(limit) if "gpu_nodes" in h.groups]
             if not selected:
                 by = f" by --limit {limit}" if limit else ""
@@ -201,12 +220,12 @@ def run_upgrade(
         validate_inventory_settings(inv, selected)
         control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
 
-        record_dir = None if dry_run else (state.path.parent if state else records.new_record(VERB))
+        record_dir = None if dry_run else (state.path.parent if state else records.new_record(DRIVER.verb))
         fleet = fleet_factory(
             inv, selected, control[0] if control else None, options, record_dir, Path(inventory), progress
         )
         try:
-            if state is None:
+            if state is None or plan is None:
                 names = [h.name for h in selected]
                 progress(None, f"upgrade-driver: probing {len(names)} GPU host(s)")
                 probes = fleet.probe(names)
@@ -219,47 +238,46 @@ def run_upgrade(
                 records.write_json(
                     record_dir / "command.json",
                     {
-                        "verb": VERB,
+                        "verb": DRIVER.verb,
                         "inventory": inv_key,
                         "limit": limit,
                         "options": options.to_dict(),
                         "hosts": names,
                     },
                 )
-                state = UpgradeState.create(
-                    record_dir, inventory=inv_key, options=options.to_dict(), plan=plan.to_dict(), hosts=names
+                state = RolloutState.create(
+                    record_dir,
+                    DRIVER,
+                    inventory=inv_key,
+                    options=options.to_dict(),
+                    plan=plan.to_dict(),
+                    hosts=names,
                 )
-                for name in plan.skipped:
-                    state.start(name)
-                    p = probes[name]
-                    state.update(
-                        name, from_version=p.loaded, to_version=p.loaded, before=p.to_dict(), node=p.node
-                    )
-                    state.finish(name, SKIPPED, plan.hosts[name].reason)
-                    progress(name, f"skipped: {plan.hosts[name].reason}")
+                skipped = {
+                    name: {
+                        "before": probes[name].loaded,
+                        "after": probes[name].loaded,
+                        "baseline": probes[name].to_dict(),
+                        "node": probes[name].node,
+                    }
+                    for name in plan.skipped
+                }
+                start_or_resume(state, plan, skipped, progress)
                 progress(None, f"record {record_dir}")
             else:
                 progress(None, f"upgrade-driver: resuming {state.path.parent}")
-                for name in state.hosts:
-                    state.reopen(name)
-            state.begin_invocation(resumed=resume)
-            rollout = Rollout(fleet, state, plan, options, progress, confirm=confirm or _refuse_pause)
-            with sigint_to(rollout):
-                outcome = rollout.run()
-            state.end_invocation(outcome.status, outcome.reason)
+                start_or_resume(state, plan, None, progress)
+            rollout = DriverRollout(fleet, state, plan, options, progress, confirm=confirm or _refuse_pause)
+            outcome = execute(rollout, resumed=resume)
         finally:
             fleet.close()
 
-    summary = _summary(state, plan, options, outcome)
-    summary["notes"] = pin_notes(selected, state, options.install_version)
-    for note in summary["notes"]:
+    result = _summary(state, options, outcome)
+    result["notes"] = pin_notes(selected, state, options.install_version)
+    for note in result["notes"]:
         progress(None, f"note: {note}")
-    records.write_json(state.path.parent / "summary.json", summary)
-    if outcome.status in ("interrupted", "paused"):
-        code = EXIT_INTERRUPTED
-    else:
-        code = EXIT_OK if all(s.done for s in state.hosts.values()) else EXIT_FAILED
-    return UpgradeResult(code, summary=summary)
+    records.write_json(state.path.parent / "summary.json", result)
+    return UpgradeResult(exit_code(state, outcome), summary=result)
 
 
 def _refuse_pause(question: str) -> bool:
@@ -273,7 +291,7 @@ def dry_run_result(plan: Plan, options: Options) -> UpgradeResult:
     doc["options"] = options.to_dict()
     doc["waves"] = plan.waves
     for name, p in plan.hosts.items():
-        doc["hosts"][name]["needs"] = p.needs(options.drain, options.reboot_allowed)
+        doc["hosts"][name]["needs"] = needs(p, options.drain, options.reboot_allowed)
     unprobed = sorted(name for name, p in plan.hosts.items() if p.probe_error)
     warnings = []
     if unprobed:
@@ -289,14 +307,14 @@ def dry_run_result(plan: Plan, options: Options) -> UpgradeResult:
 # ----------------------------------------------------------------------------------------- output
 
 
-def pin_notes(hosts: Sequence[Any], state: UpgradeState, installed: str) -> list[str]:
+def pin_notes(hosts: Sequence[Any], state: RolloutState, installed: str) -> list[str]:
     """Upgraded hosts whose inventory (or the role's default) pins another version: the next bootstrap
     would move them back, so say so."""
     default = role_default("nvidia_driver", "nvidia_driver_version")
     by_pin: dict[str, list[str]] = {}
     for h in hosts:
         s = state.hosts.get(h.name)
-        if s is None or s.result != UPGRADED:
+        if s is None or s.result != CHANGED:
             continue
         pin = (getattr(h, "vars", None) or {}).get("nvidia_driver_version", default)
         if pin is not None and "{{" not in str(pin) and str(pin) != installed:
@@ -308,34 +326,10 @@ def pin_notes(hosts: Sequence[Any], state: UpgradeState, installed: str) -> list
     ]
 
 
-def _summary(state: UpgradeState, plan: Plan, options: Options, outcome: RolloutOutcome) -> dict[str, Any]:
-    hosts = []
-    for name, s in state.hosts.items():
-        hosts.append(
-            {
-                "host": name,
-                "from": s.from_version,
-                "to": s.to_version or options.target.text,
-                "result": s.result,
-                "reason": s.reason,
-                "duration_s": round(s.duration_s, 1),
-                "step": s.step,
-                "node": s.node,
-                "cordoned": s.cordoned_by_us,
-                "attempts": s.attempts,
-            }
-        )
-    totals: dict[str, int] = {}
-    for h in hosts:
-        totals[h["result"]] = totals.get(h["result"], 0) + 1
-    return {
-        "verb": VERB,
-        "inventory": state.doc["inventory"],
-        "record": str(state.path.parent),
-        "target": options.target.text,
-        "status": "finished" if outcome.status == "finished" and state.finished else outcome.status,
-        "stop_reason": outcome.reason,
-        "resumable": not state.finished,
-        "hosts": hosts,
-        "totals": dict(sorted(totals.items())),
-    }
+def _summary(state: RolloutState, options: Options, outcome: RolloutOutcome) -> dict[str, Any]:
+    # The state's CHANGED is written "upgraded", the word this verb shows.
+    rows = [
+        host_row(name, s, result=s.result, to=s.after or options.target.text, cordoned=s.cordoned_by_us)
+        for name, s in state.hosts.items()
+    ]
+    return summary(state, outcome, options.target.text, rows)

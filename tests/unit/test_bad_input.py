@@ -254,8 +254,8 @@ def test_progress_lines_and_summary_tables_show_host_words_escaped(
     """Failure reasons quote hosts and kubectl (Ansible messages, stderr lines): as text, escaped."""
     import io
 
-    from provisioner.bootstrap import render as bootstrap
-    from provisioner.upgrade import render as upgrade
+    from provisioner.playbookverb import render as bootstrap
+    from provisioner.rollout import render as upgrade
 
     hostile = "dpkg error\x1b]0;owned\x07\x1b[2J [/bold]"
     out = io.StringIO()

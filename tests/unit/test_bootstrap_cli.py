@@ -188,7 +188,7 @@ def test_stage_catalog_matches_the_site_playbook() -> None:
 def test_progress_shows_only_the_chosen_stages_and_any_failure() -> None:
     import io
 
-    from provisioner.bootstrap.render import PlainProgress as Progress
+    from provisioner.playbookverb.render import PlainProgress as Progress
     from provisioner.runner import Event
 
     out = io.StringIO()

@@ -455,7 +455,7 @@ def test_inventory_declarations_name_their_file_and_the_policy_wins(tmp_path: Pa
 def test_bootstrap_promises_what_the_operator_stage_set_up() -> None:
     from types import SimpleNamespace
 
-    from provisioner.bootstrap.verb import expectations_for
+    from provisioner.playbookverb.run import expectations_for
 
     host = SimpleNamespace(
         name="gpu1", groups=["gpu_nodes", "k8s_cluster"], vars={"gpuprov_mig_config": "all-1g.18gb"}

@@ -91,6 +91,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_right() -> None:
     graph = import_graph()
     assert "provisioner.upgrade.plan" in graph["provisioner.upgrade.rollout"]
+    assert "provisioner.rollout.engine" in graph["provisioner.migapply.rollout"]
     assert "provisioner.errors" in graph["provisioner.cli"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -135,3 +136,22 @@ def test_each_executor_backend_stands_on_the_interface_alone() -> None:
     executors = [n for n in graph if n.startswith("provisioner.executors")]
     others = ("provisioner.probes", "provisioner.checks", "provisioner.verification")
     assert {n: _under(reach(graph, n), *others) for n in executors} == {n: [] for n in executors}
+
+
+def test_shared_engines_know_none_of_their_clients() -> None:
+    """provisioner.rollout runs any rolling change and provisioner.playbookverb any playbook verb: neither
+    imports a verb built on it, and the rolling changes do not import each other."""
+    graph = import_graph()
+    engines = {
+        "provisioner.rollout": ("provisioner.upgrade", "provisioner.migapply"),
+        "provisioner.playbookverb": ("provisioner.bootstrap",),
+    }
+    for name in graph:
+        reached = reach(graph, name)
+        for engine, clients in engines.items():
+            if name.startswith(engine):
+                assert not [m for m in reached if m.startswith(clients)], name
+            for client in clients:
+                others = tuple(c for c in clients if c != client)
+                if name.startswith(client) and others:
+                    assert not [m for m in reached if m.startswith(others)], name

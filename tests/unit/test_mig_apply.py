@@ -24,7 +24,7 @@ from provisioner.migapply.fleet import (
     parse_gpu_clients,
     parse_gpu_rows,
 )
-from provisioner.upgrade.model import NodeInfo, StepFailed
+from provisioner.rollout.model import NodeInfo, StepFailed
 
 INVENTORY = """
 all:

@@ -451,8 +451,8 @@ def test_validation_names_the_file_of_a_bad_layout(tmp_path: Path) -> None:
 def test_check_mode_never_says_nothing_would_change_of_a_host_it_could_not_reach(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from provisioner.bootstrap.render import change_lines
-    from provisioner.bootstrap.verb import ENTRIES, run_bootstrap
+    from provisioner.playbookverb.day2 import run_day2
+    from provisioner.playbookverb.render import change_lines
     from provisioner.runner import Failure, HostStats, PlaybookResult
 
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
@@ -468,16 +468,8 @@ def test_check_mode_never_says_nothing_would_change_of_a_host_it_could_not_reach
         )
 
     monkeypatch.setattr("provisioner.runner.run_playbook", unreachable)
-    result = run_bootstrap(
-        inventory=inventory(tmp_path, hosts=hosts),
-        only=[],
-        skip=[],
-        limit=None,
-        check=True,
-        assume_yes=False,
-        retry_failed=False,
-        forks=1,
-        entry=ENTRIES["tenants"],
+    result = run_day2(
+        "tenants", inventory=inventory(tmp_path, hosts=hosts), check=True, assume_yes=False, forks=1
     )
     assert result.exit_code != 0 and result.summary is not None
     assert result.summary["hosts"][0]["status"] == "unreachable"

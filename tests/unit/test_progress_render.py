@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import time
 
-from provisioner.bootstrap.render import LiveProgress, PlainProgress, change_lines, make_progress
+from provisioner.playbookverb.render import LiveProgress, PlainProgress, change_lines, make_progress
 from provisioner.runner import Event, _diff_text
 
 

@@ -14,12 +14,13 @@ import pytest
 from test_upgrade_fakes import FakeFleet, FakeHost
 
 from provisioner.errors import InputError
+from provisioner.rollout.render import Progress
 from provisioner.upgrade import render, verb
 
 
 def run_upgrade(*, output_format: str = "table", **kw: Any) -> int:
     """The verb as the CLI runs it: the library's result, then its rendering (progress on stderr)."""
-    kw.setdefault("progress", render.Progress())
+    kw.setdefault("progress", Progress())
     return render.show(verb.run_upgrade(**kw), output_format)
 
 

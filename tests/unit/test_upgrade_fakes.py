@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from provisioner.upgrade.model import InstallOutcome, NodeInfo, StepFailed
-from provisioner.upgrade.plan import DriverTarget, HostProbe
+from provisioner.rollout.model import ChangeOutcome, NodeInfo, StepFailed
+from provisioner.upgrade.plan import DriverProbe, DriverTarget
 
 OPERAND_LABELS = {
     "nvidia.com/gpu.deploy.device-plugin": "true",
@@ -157,16 +157,16 @@ class FakeFleet:
         """Operations on the host that change something."""
         return [str(c[0]) for c in self.calls if c[1] == host and c[0] not in ("probe", "node")]
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]:
+    def probe(self, hosts: Sequence[str]) -> dict[str, DriverProbe]:
         out = {}
         for name in hosts:
             self.log("probe", name)
             h = self.hosts[name]
             if "unreachable" in h.faults:
-                out[name] = HostProbe(name, error="connection to 192.0.2.1:22 timed out after 10 s")
+                out[name] = DriverProbe(name, error="connection to 192.0.2.1:22 timed out after 10 s")
                 continue
             loaded = h.version
-            out[name] = HostProbe(
+            out[name] = DriverProbe(
                 name,
                 loaded=loaded,
                 gpus_pci=h.gpus,
@@ -192,9 +192,9 @@ class FakeFleet:
         *,
         reboot_allowed: bool,
         on_step: Callable[[str, str], None],
-    ) -> dict[str, InstallOutcome]:
+    ) -> dict[str, ChangeOutcome]:
         self.upgrade_calls.append(list(hosts))
-        out: dict[str, InstallOutcome] = {}
+        out: dict[str, ChangeOutcome] = {}
         for name in hosts:
             h = self.hosts[name]
             self.log("upgrade", name)
@@ -204,11 +204,11 @@ class FakeFleet:
             if self.on_install is not None:
                 self.on_install(name)
             if "interrupt-here" in h.faults:
-                out[name] = InstallOutcome("interrupted", "canceled")
+                out[name] = ChangeOutcome("interrupted", "canceled")
                 continue
             version = self._resolve(target)
             if "install-fail" in h.faults or version is None:
-                out[name] = InstallOutcome(
+                out[name] = ChangeOutcome(
                     "failed", f"nvidia_driver: Install the driver packages: dpkg: error processing {name}"
                 )
                 continue
@@ -218,11 +218,9 @@ class FakeFleet:
                     on_step(name, "rebooting")
                     h.version = version
                     h.installed = None
-                    out[name] = InstallOutcome("ok", rebooted=True)
+                    out[name] = ChangeOutcome("ok")
                 else:
-                    out[name] = InstallOutcome(
-                        "reboot-pending", "nvidia is in use; reboot to load " + version
-                    )
+                    out[name] = ChangeOutcome("reboot-pending", "nvidia is in use; reboot to load " + version)
                 continue
             on_step(name, "reloading")
             h.version = version
@@ -232,7 +230,7 @@ class FakeFleet:
                 h.lost = 1
             if "xid-after" in h.faults:
                 h.xids.append("[ 99.1] NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus.")
-            out[name] = InstallOutcome("ok")
+            out[name] = ChangeOutcome("ok")
         return out
 
     def interrupt(self) -> None:

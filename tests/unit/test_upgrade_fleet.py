@@ -16,15 +16,10 @@ from provisioner.errors import InputError
 from provisioner.executors import CommandResult, OpenConnections, SnapshotExecutor, to_shell
 from provisioner.inventory import HostSpec
 from provisioner.probes.base import ProbeResult
+from provisioner.rollout.kube import KubectlOverSsh, uses_gpu
+from provisioner.rollout.model import StepFailed
 from provisioner.runner import Event, Failure, HostStats, PlaybookResult
-from provisioner.upgrade.adapters import (
-    PROBES,
-    KubectlOverSsh,
-    RealFleet,
-    probe_from_results,
-    uses_gpu,
-)
-from provisioner.upgrade.model import StepFailed
+from provisioner.upgrade.adapters import PROBES, RealFleet, probe_from_results
 from provisioner.upgrade.plan import DriverTarget, parse_target
 from provisioner.upgrade.verb import resolve_install_version
 from provisioner.verification import replay
@@ -103,7 +98,14 @@ def kube(
 ) -> tuple[KubectlOverSsh, FakeSsh]:
     fake = FakeSsh(answers)
     spec = HostSpec(name="cp1", address="192.0.2.10", user=user, vars=hv)
-    return KubectlOverSsh(spec, OpenConnections(), poll_s=0.01, executor=fake), fake  # type: ignore[arg-type]
+    kubectl = KubectlOverSsh(
+        spec,
+        OpenConnections(),
+        poll_s=0.01,
+        executor=fake,  # type: ignore[arg-type]
+        annotation="gpuprov.io/driver-upgrade",
+    )
+    return kubectl, fake
 
 
 NODE = {

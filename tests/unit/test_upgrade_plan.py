@@ -6,17 +6,8 @@ from __future__ import annotations
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.upgrade.plan import (
-    BatchSize,
-    HostProbe,
-    Plan,
-    build_plan,
-    check_limit_names,
-    judge,
-    parse_batch,
-    parse_target,
-    render_plan,
-)
+from provisioner.rollout.plan import BatchSize, Plan, check_limit_names, parse_batch
+from provisioner.upgrade.plan import DriverProbe, build_plan, judge, parse_target, render_plan
 
 
 @pytest.mark.parametrize("text", ["580", "580.159", "580.159.04", " 570.195.03 "])
@@ -77,8 +68,10 @@ def test_percent_rounds_up_and_never_below_one(percent: int, hosts: int, size: i
     assert BatchSize(percent, True).size_for(hosts) == size
 
 
-def probes(versions: dict[str, str | None]) -> dict[str, HostProbe]:
-    return {h: HostProbe(h, loaded=v, gpus_pci=1, gpus_driver=1 if v else None) for h, v in versions.items()}
+def probes(versions: dict[str, str | None]) -> dict[str, DriverProbe]:
+    return {
+        h: DriverProbe(h, loaded=v, gpus_pci=1, gpus_driver=1 if v else None) for h, v in versions.items()
+    }
 
 
 HOSTS = [f"gpu{i}" for i in range(1, 8)]
@@ -88,7 +81,7 @@ def test_batches_of_n_in_inventory_order() -> None:
     plan = build_plan(HOSTS, probes(dict.fromkeys(HOSTS, "570.195.03")), parse_target("580"), BatchSize(3))
     assert plan.canary == []
     assert plan.batches == [["gpu1", "gpu2", "gpu3"], ["gpu4", "gpu5", "gpu6"], ["gpu7"]]
-    assert plan.to_upgrade == HOSTS
+    assert plan.to_change == HOSTS
 
 
 def test_canary_first_then_share_of_hosts_to_upgrade() -> None:
@@ -118,7 +111,7 @@ def test_branch_target_skips_any_version_of_that_branch() -> None:
 
 def test_unprobed_host_stays_in_the_plan_with_its_reason() -> None:
     p = probes({"a": "570.195.03"})
-    p["b"] = HostProbe("b", error="connection refused by 192.0.2.2:22")
+    p["b"] = DriverProbe("b", error="connection refused by 192.0.2.2:22")
     plan = build_plan(["a", "b"], p, parse_target("580"), BatchSize(1))
     assert plan.batches == [["a"], ["b"]]
     assert plan.hosts["b"].probe_error == "connection refused by 192.0.2.2:22"
@@ -175,7 +168,7 @@ def test_limit_names_must_exist() -> None:
         check_limit_names("gpu_nodes:&gpux", ["gpu1"], ["gpu_nodes"])
 
 
-BEFORE = HostProbe(
+BEFORE = DriverProbe(
     "h",
     loaded="570.195.03",
     gpus_pci=8,
@@ -186,13 +179,13 @@ BEFORE = HostProbe(
 
 
 def test_judge_passes_a_good_upgrade() -> None:
-    after = HostProbe("h", loaded="580.159.04", gpus_pci=8, gpus_driver=8, xids=BEFORE.xids, driver_ok=True)
+    after = DriverProbe("h", loaded="580.159.04", gpus_pci=8, gpus_driver=8, xids=BEFORE.xids, driver_ok=True)
     assert judge(BEFORE, after, parse_target("580.159.04")) == []
     assert judge(BEFORE, after, parse_target("580")) == []
 
 
 def test_judge_names_each_problem() -> None:
-    after = HostProbe(
+    after = DriverProbe(
         "h", loaded="570.195.03", gpus_pci=8, gpus_driver=7,
         xids=(*BEFORE.xids, "[9.0] NVRM: Xid (PCI:0000:18:00): 79, fallen off the bus"),
         driver_ok=False, driver_detail="nvidia-smi failed",
@@ -205,16 +198,16 @@ def test_judge_names_each_problem() -> None:
         "gpu.xid: 1 new Xid event(s) since the upgrade began: "
         "[9.0] NVRM: Xid (PCI:0000:18:00): 79, fallen off the bus",
     ]
-    assert judge(BEFORE, HostProbe("h", error="timed out"), parse_target("580")) == [
+    assert judge(BEFORE, DriverProbe("h", error="timed out"), parse_target("580")) == [
         "not reachable after the upgrade: timed out"
     ]
 
 
 def test_judge_without_a_driver_before_compares_with_the_pci_count() -> None:
-    before = HostProbe("h", loaded=None, gpus_pci=4, gpus_driver=None)
-    after = HostProbe("h", loaded="580.159.04", gpus_pci=4, gpus_driver=4, driver_ok=True)
+    before = DriverProbe("h", loaded=None, gpus_pci=4, gpus_driver=None)
+    after = DriverProbe("h", loaded="580.159.04", gpus_pci=4, gpus_driver=4, driver_ok=True)
     assert judge(before, after, parse_target("580")) == []
-    short = HostProbe("h", loaded="580.159.04", gpus_pci=4, gpus_driver=3, driver_ok=True)
+    short = DriverProbe("h", loaded="580.159.04", gpus_pci=4, gpus_driver=3, driver_ok=True)
     assert judge(before, short, parse_target("580")) == [
         "gpu.count: the driver sees 3 GPU(s), 4 before the upgrade"
     ]

@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 from test_upgrade_fakes import FakeFleet, FakeHost, fleet_of
 
-from provisioner.upgrade.model import OPERANDS_LABEL as OPERANDS
-from provisioner.upgrade.plan import HostProbe, build_plan, parse_batch, parse_target
-from provisioner.upgrade.rollout import Options, Rollout
-from provisioner.upgrade.state import UpgradeState
+from provisioner.rollout.model import OPERANDS_LABEL as OPERANDS
+from provisioner.rollout.plan import parse_batch
+from provisioner.rollout.state import RolloutState
+from provisioner.upgrade.plan import DriverProbe, build_plan, parse_target
+from provisioner.upgrade.rollout import DRIVER, DriverRollout, Options
 
 DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
 
 
 def start(
     fleet: FakeFleet, tmp_path: Path, *, to: str = "580.159.04", batch: str = "1", **opts: object
-) -> tuple[Rollout, UpgradeState]:
+) -> tuple[DriverRollout, RolloutState]:
     options = Options(target=parse_target(to), batch=parse_batch(batch), **opts)  # type: ignore[arg-type]
     names = list(fleet.hosts)
     probes = fleet.probe(names)
@@ -28,16 +29,16 @@ def start(
     )
     record = tmp_path / "record"
     record.mkdir(exist_ok=True)
-    state = UpgradeState.create(
-        record, inventory="inv", options=options.to_dict(), plan=plan.to_dict(), hosts=names
+    state = RolloutState.create(
+        record, DRIVER, inventory="inv", options=options.to_dict(), plan=plan.to_dict(), hosts=names
     )
     for name in plan.skipped:
         state.start(name)
         state.finish(name, "skipped", plan.hosts[name].reason)
-    return Rollout(fleet, state, plan, options), state
+    return DriverRollout(fleet, state, plan, options), state
 
 
-def results(state: UpgradeState) -> dict[str, str | None]:
+def results(state: RolloutState) -> dict[str, str | None]:
     return {h: s.result for h, s in state.hosts.items()}
 
 
@@ -55,7 +56,7 @@ def test_all_hosts_upgrade_in_batches_in_inventory_order(tmp_path: Path) -> None
         assert h.labels["nvidia.com/gpu.deploy.driver"] == "pre-installed"
         assert OPERANDS not in h.labels
     s = state.hosts["gpu1"]
-    assert (s.from_version, s.to_version) == ("570.195.03", "580.159.04")
+    assert (s.before, s.after) == ("570.195.03", "580.159.04")
     steps = [x[0] for x in s.history]
     assert steps == [
         "probing", "cordoning", "draining", "stopping", "installing", "reloading", "verifying", "uncordoning",
@@ -327,12 +328,12 @@ def test_interrupt_during_install_records_state_and_resume_finishes(tmp_path: Pa
     fleet.hosts["gpu3"].faults.discard("interrupt-here")
     fleet.calls.clear()
     fleet.upgrade_calls.clear()
-    loaded = UpgradeState.load(state.path.parent)
+    loaded = RolloutState.load(state.path.parent, DRIVER)
     for name in loaded.hosts:
         loaded.reopen(name)
-    from provisioner.upgrade.plan import Plan
+    from provisioner.rollout.plan import Plan
 
-    again = Rollout(fleet, loaded, Plan.from_dict(loaded.doc["plan"]), rollout.opt)
+    again = DriverRollout(fleet, loaded, Plan.from_dict(loaded.doc["plan"]), rollout.opt)
     assert again.run().status == "finished"
     # Finished hosts are not redone; gpu4 already runs the new driver: verified and uncordoned only.
     assert fleet.upgrade_calls == [["gpu3"]]
@@ -367,15 +368,15 @@ def test_resume_after_a_crash_mid_host(tmp_path: Path) -> None:
     fleet.on_install = crash
     with pytest.raises(KeyboardInterrupt):
         rollout.run()
-    loaded = UpgradeState.load(state.path.parent)
+    loaded = RolloutState.load(state.path.parent, DRIVER)
     s = loaded.hosts["gpu1"]
     assert (s.step, s.result, s.was_cordoned) == ("installing", None, True)
     fleet.on_install = None
     for name in loaded.hosts:
         loaded.reopen(name)
-    from provisioner.upgrade.plan import Plan
+    from provisioner.rollout.plan import Plan
 
-    again = Rollout(fleet, loaded, Plan.from_dict(loaded.doc["plan"]), rollout.opt)
+    again = DriverRollout(fleet, loaded, Plan.from_dict(loaded.doc["plan"]), rollout.opt)
     assert again.run().status == "finished"
     assert set(results(loaded).values()) == {"upgraded"}
     assert fleet.hosts["gpu1"].unschedulable  # still the operator's cordon
@@ -395,7 +396,7 @@ def test_resume_after_reboot_verifies_and_uncordons(tmp_path: Path) -> None:
     fleet.upgrade_calls.clear()
     for name in state.hosts:
         state.reopen(name)
-    again = Rollout(fleet, state, rollout.plan, rollout.opt)
+    again = DriverRollout(fleet, state, rollout.plan, rollout.opt)
     again.run()
     assert state.hosts["gpu1"].result == "upgraded"
     assert fleet.upgrade_calls == []  # nothing to install again
@@ -424,7 +425,7 @@ def test_state_is_written_at_every_step(tmp_path: Path) -> None:
     fleet = fleet_of(1)
     rollout, state = start(fleet, tmp_path)
     seen: list[str] = []
-    fleet.on_install = lambda name: seen.append(UpgradeState.load(state.path.parent).hosts[name].step)
+    fleet.on_install = lambda name: seen.append(RolloutState.load(state.path.parent, DRIVER).hosts[name].step)
     rollout.run()
     assert seen == ["installing"]
     assert not list(state.path.parent.glob("*.tmp"))
@@ -435,9 +436,9 @@ def test_probe_cut_short_by_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Pa
     rollout, state = start(fleet, tmp_path, batch="2")
     real_probe = fleet.probe
 
-    def probe_then_ctrl_c(hosts: list[str]) -> dict[str, HostProbe]:
+    def probe_then_ctrl_c(hosts: list[str]) -> dict[str, DriverProbe]:
         rollout.interrupt()  # the signal arrives while the probes run; their connections get closed
-        return {h: HostProbe(h, error="SSH session lost: Socket is closed") for h in hosts}
+        return {h: DriverProbe(h, error="SSH session lost: Socket is closed") for h in hosts}
 
     fleet.probe = probe_then_ctrl_c  # type: ignore[method-assign]
     outcome = rollout.run()

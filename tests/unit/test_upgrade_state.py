@@ -1,5 +1,5 @@
-"""The upgrade state file: allowed step changes, atomic saves, load back, resume lookup, one run at
-a time per inventory."""
+"""The rolling change's state file, with the driver upgrade's steps: allowed step changes, atomic saves,
+load back, resume lookup, one run at a time per inventory."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.upgrade.state import (
-    NEXT,
-    STEPS,
+from provisioner.rollout.state import (
+    RolloutState,
     StateError,
-    UpgradeState,
     inventory_lock,
     latest_for,
     resumable,
 )
+from provisioner.upgrade.rollout import DRIVER
 
 
 @pytest.fixture
@@ -34,17 +33,17 @@ def new_state(
     name: str = "20250101T000000Z-upgrade-driver",
     inventory: str = "/inv/hosts.yml",
     hosts: tuple[str, ...] = ("gpu1", "gpu2"),
-) -> UpgradeState:
+) -> RolloutState:
     record = home / "runs" / name
     record.mkdir(parents=True)
-    return UpgradeState.create(
-        record, inventory=inventory, options={"to": "580"}, plan={"target": "580"}, hosts=list(hosts)
+    return RolloutState.create(
+        record, DRIVER, inventory=inventory, options={"to": "580"}, plan={"target": "580"}, hosts=list(hosts)
     )
 
 
 def test_every_step_has_successors_defined() -> None:
-    assert set(NEXT) == set(STEPS)
-    assert all(set(v) <= set(STEPS) for v in NEXT.values())
+    assert set(DRIVER.next_steps) == set(DRIVER.steps)
+    assert all(set(v) <= set(DRIVER.steps) for v in DRIVER.next_steps.values())
 
 
 def test_steps_move_forward_only(home: Path) -> None:
@@ -83,7 +82,7 @@ def test_saved_at_every_change_and_loads_back(home: Path) -> None:
     doc = json.loads(st.path.read_text())
     assert doc["hosts"]["gpu1"]["step"] == "cordoning"
     assert doc["hosts"]["gpu1"]["paused_labels"] == {"nvidia.com/gpu.deploy.dcgm": "true"}
-    again = UpgradeState.load(st.path.parent)
+    again = RolloutState.load(st.path.parent, DRIVER)
     assert again.hosts["gpu1"].to_dict() == st.hosts["gpu1"].to_dict()
     assert not list(st.path.parent.glob("*.tmp"))
     with pytest.raises(StateError, match="not a host state field"):
@@ -125,35 +124,35 @@ def test_resume_finds_the_latest_run_of_that_inventory(home: Path) -> None:
     older = new_state(home, "20250101T000000Z-upgrade-driver")
     newer = new_state(home, "20250102T000000Z-upgrade-driver")
     new_state(home, "20250103T000000Z-upgrade-driver", inventory="/other/hosts.yml")
-    assert latest_for("/inv/hosts.yml") == newer.path.parent
-    assert resumable("/inv/hosts.yml") == newer.path.parent
+    assert latest_for("/inv/hosts.yml", "upgrade-driver") == newer.path.parent
+    assert resumable("/inv/hosts.yml", DRIVER) == newer.path.parent
     for h in newer.hosts:
         newer.start(h)
         newer.finish(h, "upgraded")
     # The latest one finished: an older unfinished run is stale, not something to resume.
-    assert not UpgradeState.load(older.path.parent).finished
+    assert not RolloutState.load(older.path.parent, DRIVER).finished
     with pytest.raises(InputError, match="finished; nothing to resume"):
-        resumable("/inv/hosts.yml")
+        resumable("/inv/hosts.yml", DRIVER)
     with pytest.raises(InputError, match="no upgrade-driver run recorded for /nowhere"):
-        resumable("/nowhere")
+        resumable("/nowhere", DRIVER)
 
 
 def test_corrupt_state_file_is_bad_input(home: Path) -> None:
     st = new_state(home)
     st.path.write_text("{not json")
     with pytest.raises(InputError, match="unreadable upgrade state"):
-        UpgradeState.load(st.path.parent)
+        RolloutState.load(st.path.parent, DRIVER)
     st.path.write_text(
         json.dumps({"format": 1, "verb": "upgrade-driver", "hosts": {"a": {"step": "flying"}}})
     )
     with pytest.raises(InputError, match="unknown step 'flying'"):
-        UpgradeState.load(st.path.parent)
+        RolloutState.load(st.path.parent, DRIVER)
 
 
 def test_one_upgrade_at_a_time_per_inventory(home: Path) -> None:
     code = (
         "import sys, time\n"
-        "from provisioner.upgrade.state import inventory_lock\n"
+        "from provisioner.rollout.state import inventory_lock\n"
         "with inventory_lock('/inv/hosts.yml'):\n"
         "    print('locked', flush=True)\n"
         "    sys.stdin.readline()\n"

@@ -1,4 +1,5 @@
-"""How the CLI shows a bootstrap: progress while the playbook runs, then the result.
+"""How the CLI shows a playbook verb (bootstrap, sharing apply, tenants apply): progress while the
+playbook runs, then the result.
 
 In a terminal the progress is a live table (rich Live): per host the stage and the task running now, and
 for how long; a line is printed above it as each host finishes a stage or fails. Elsewhere (a pipe, a
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from provisioner.hosttext import safe_text, short_safe_text
+from provisioner.playbookverb.run import CHECKED
 
 
 class PlainProgress:
@@ -307,8 +309,6 @@ def change_lines(
     """Check mode's findings as text: per host, each task that would change and its diff (escaped). A
     host whose run did not finish (`hosts`: the summary's rows; unreachable, failed, not run) never reads
     "nothing would change": what would change there is unknown, and the line says why."""
-    from provisioner.bootstrap.verb import CHECKED
-
     status = {h["host"]: str(h.get("status")) for h in hosts or []}
     lines: list[str] = []
     for host in [*changes, *(h for h in status if h not in changes)]:
@@ -330,7 +330,7 @@ def change_lines(
 
 
 def show(result: Any, output_format: str) -> int:
-    """Print a BootstrapResult the way the CLI does; returns its exit code."""
+    """Print a VerbResult the way the CLI does; returns its exit code."""
     if result.summary is not None:
         render_summary(result.summary, output_format, result.verify_report, result.verify_s)
     return int(result.exit_code)

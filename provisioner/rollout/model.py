@@ -1,15 +1,15 @@
-"""What the rollout needs from the world: the GPU hosts (`Fleet`) and the cluster (`Kube`), as two small
-interfaces, with what they return. The real ones are in adapters.py; the tests use fakes."""
+"""What a rolling change needs from the world: the hosts (`Fleet`) and the cluster (`Kube`), as two small
+interfaces, with what they return. The real cluster is kube.py's; each client brings its own fleet, and
+the tests fakes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from provisioner.errors import GpuprovError
 from provisioner.hosttext import short_safe_text
-from provisioner.upgrade.plan import DriverTarget, HostProbe
 
 # The GPU Operator deploys its operands (device plugin, DCGM exporter, validator, ...) on a node per
 # `nvidia.com/gpu.deploy.<operand>` labels. `nvidia.com/gpu.deploy.operands=false` is its documented switch
@@ -17,12 +17,7 @@ from provisioner.upgrade.plan import DriverTarget, HostProbe
 # the values it finds, so the labels recorded before are put back as they were.
 OPERAND_LABEL_PREFIX = "nvidia.com/gpu.deploy."
 OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
-ANNOTATION = "gpuprov.io/driver-upgrade"  # on a node left cordoned: why
 DEFAULT_DRAIN_TIMEOUT = 300.0
-DEFAULT_OPERAND_TIMEOUT = 300.0
-
-
-# ------------------------------------------------------------------------------ host-facing actions
 
 
 class StepFailed(GpuprovError):
@@ -31,6 +26,29 @@ class StepFailed(GpuprovError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass
+class HostProbe:
+    """Who a host is, read before a node is touched: its node name, its /etc/machine-id and the address it
+    was reached at. Each client's probe adds what its change needs to know; read-only."""
+
+    host: str
+    error: str | None = None  # why the host could not be probed
+    node: str | None = None  # the host's Kubernetes node name (its hostname, as kubeadm registers it)
+    # Why its hostname cannot name a node (host data is untrusted).
+    node_error: str | None = None
+    machine_id: str | None = None
+    address: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "error": self.error,
+            "machine_id": self.machine_id,
+            "address": self.address,
+            "node_error": self.node_error,
+        }
 
 
 @dataclass(frozen=True)
@@ -58,12 +76,11 @@ def not_this_host(info: NodeInfo, probe: HostProbe) -> str | None:
 
 
 @dataclass(frozen=True)
-class InstallOutcome:
-    """How stop → unload → install → reload (or reboot) went on one host."""
+class ChangeOutcome:
+    """How the change itself went on one host."""
 
     result: str  # "ok" | "failed" | "reboot-pending" | "interrupted"
     reason: str = ""
-    rebooted: bool = False
 
 
 class Kube(Protocol):
@@ -87,20 +104,12 @@ class Kube(Protocol):
 
 
 class Fleet(Protocol):
-    """The GPU hosts."""
+    """The hosts; a client's fleet adds the change itself."""
 
-    kube: Kube | None  # None: no control plane in the inventory (hosts are not Kubernetes nodes)
+    @property
+    def kube(self) -> Kube | None: ...  # None: no control plane in the inventory (hosts are not nodes)
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, HostProbe]: ...  # read-only, hosts in parallel
-
-    def upgrade(
-        self,
-        hosts: Sequence[str],
-        target: DriverTarget,
-        *,
-        reboot_allowed: bool,
-        on_step: Callable[[str, str], None],
-    ) -> dict[str, InstallOutcome]: ...
+    def probe(self, hosts: Sequence[str]) -> Mapping[str, HostProbe]: ...  # read-only, in parallel
 
     def interrupt(self) -> None: ...  # abort remote work in progress (Ctrl-C)
 

@@ -1,4 +1,4 @@
-"""Rolling driver upgrade: the state file that makes a run resumable.
+"""A rolling change's state file, which makes a run resumable.
 
 Each host walks a fixed sequence of steps; every change is written at once (atomically: a crash never
 leaves half a file) to `state.json` in the run record. `--resume` reads it back: finished hosts stay
@@ -17,60 +17,68 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from provisioner import records
 from provisioner.errors import GpuprovError, InputError
 
-VERB = "upgrade-driver"
 STATE_FILE = "state.json"
 FORMAT = 1
 
-# Steps a host goes through, in order.
+# The engine's steps, in order, around the change's own (each client names those: ChangeKind).
 PENDING = "pending"
 PROBING = "probing"
 CORDONING = "cordoning"
 DRAINING = "draining"
-STOPPING = "stopping"
-INSTALLING = "installing"
-RELOADING = "reloading"
-REBOOTING = "rebooting"
 VERIFYING = "verifying"
 UNCORDONING = "uncordoning"
-STEPS = (
-    PENDING, PROBING, CORDONING, DRAINING, STOPPING, INSTALLING, RELOADING, REBOOTING, VERIFYING, UNCORDONING,
-)  # fmt: skip
 
-# Where a host can go from each step (a result may end any step; see RESULTS).
-NEXT: dict[str, frozenset[str]] = {
-    PENDING: frozenset({PROBING}),
-    PROBING: frozenset({CORDONING, STOPPING, VERIFYING}),
-    CORDONING: frozenset({DRAINING, UNCORDONING}),
-    # A MIG layout change has no host-side stop: from the drain straight to applying (INSTALLING), and
-    # from there to verifying (the MIG manager reconfigures the GPUs without a module reload).
-    DRAINING: frozenset({STOPPING, INSTALLING, UNCORDONING}),
-    STOPPING: frozenset({INSTALLING, UNCORDONING}),
-    INSTALLING: frozenset({RELOADING, REBOOTING, VERIFYING}),
-    RELOADING: frozenset({VERIFYING, REBOOTING}),
-    REBOOTING: frozenset({VERIFYING}),
-    VERIFYING: frozenset({UNCORDONING}),
-    UNCORDONING: frozenset(),
-}
-
-# Results. A host without a result is pending or in progress.
-UPGRADED = "upgraded"
+# Results. A host without a result is pending or in progress. CHANGED is written "upgraded", the state
+# file's word since the driver upgrade was the only rolling change; each client shows it in its own
+# words (mig apply: "applied").
+CHANGED = "upgraded"
 SKIPPED = "skipped"
 FAILED = "failed"
 REBOOT_PENDING = "reboot-pending"
 NOT_STARTED = "not-started"
 INTERRUPTED = "interrupted"
-RESULTS = (UPGRADED, SKIPPED, FAILED, REBOOT_PENDING, NOT_STARTED, INTERRUPTED)
-FINAL_OK = (UPGRADED, SKIPPED)
+RESULTS = (CHANGED, SKIPPED, FAILED, REBOOT_PENDING, NOT_STARTED, INTERRUPTED)
+FINAL_OK = (CHANGED, SKIPPED)
 
 
 class StateError(GpuprovError):
     """A step change that the state machine does not allow: a bug, never the user's input."""
+
+
+@dataclass(frozen=True)
+class ChangeKind:
+    """A kind of rolling change: the verb its records are named by, and its own steps between the drain
+    and the verification, each with the steps it may go to. The first is where a host enters the change:
+    after the drain, or straight after the probe when there is no node to cordon."""
+
+    verb: str
+    change_steps: Mapping[str, frozenset[str]]
+
+    @cached_property
+    def next_steps(self) -> dict[str, frozenset[str]]:
+        """Where a host can go from each step (a result may end any step; see RESULTS)."""
+        first = next(iter(self.change_steps))
+        return {
+            PENDING: frozenset({PROBING}),
+            # At the target already after an earlier attempt: from the probe straight to verifying.
+            PROBING: frozenset({CORDONING, first, VERIFYING}),
+            CORDONING: frozenset({DRAINING, UNCORDONING}),
+            DRAINING: frozenset({first, UNCORDONING}),
+            **self.change_steps,
+            VERIFYING: frozenset({UNCORDONING}),
+            UNCORDONING: frozenset(),
+        }
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        return tuple(self.next_steps)
 
 
 @dataclass
@@ -79,10 +87,12 @@ class HostState:
     step: str = PENDING
     result: str | None = None
     reason: str = ""
-    from_version: str | None = None
-    to_version: str | None = None
+    # What the host had and is to have, in the client's words (a driver version, a MIG layout); `after`
+    # becomes what it has once verified.
+    before: str | None = None
+    after: str | None = None
     node: str | None = None  # Kubernetes node name, when the host is a node
-    was_cordoned: bool | None = None  # unschedulable before this upgrade first touched it
+    was_cordoned: bool | None = None  # unschedulable before this run first touched it
     cordoned_by_us: bool = False  # we cordoned it and have not uncordoned it yet
     # GPU Operator deploy labels before the operands were taken off the node (None: label absent)
     paused_labels: dict[str, str | None] = field(default_factory=dict)
@@ -90,7 +100,7 @@ class HostState:
     started_at: float | None = None
     finished_at: float | None = None
     duration_s: float = 0.0  # summed over attempts
-    before: dict[str, Any] | None = None  # HostProbe.to_dict() from the attempt's first probe
+    baseline: dict[str, Any] | None = None  # the probe (HostProbe.to_dict()) of the first attempt
     history: list[list[Any]] = field(default_factory=list)  # [step or result, unix time]
 
     @property
@@ -102,8 +112,8 @@ class HostState:
             "step": self.step,
             "result": self.result,
             "reason": self.reason,
-            "from": self.from_version,
-            "to": self.to_version,
+            "from": self.before,
+            "to": self.after,
             "node": self.node,
             "was_cordoned": self.was_cordoned,
             "cordoned_by_us": self.cordoned_by_us,
@@ -112,23 +122,23 @@ class HostState:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "duration_s": round(self.duration_s, 3),
-            "before": self.before,
+            "before": self.baseline,
             "history": self.history,
         }
 
     @classmethod
-    def from_dict(cls, host: str, doc: Mapping[str, Any]) -> HostState:
+    def from_dict(cls, host: str, doc: Mapping[str, Any], steps: tuple[str, ...]) -> HostState:
         step = doc.get("step", PENDING)
         result = doc.get("result")
-        if step not in STEPS or (result is not None and result not in RESULTS):
+        if step not in steps or (result is not None and result not in RESULTS):
             raise InputError(f"{STATE_FILE}: host {host}: unknown step {step!r} or result {result!r}")
         return cls(
             host=host,
             step=step,
             result=result,
             reason=str(doc.get("reason") or ""),
-            from_version=doc.get("from"),
-            to_version=doc.get("to"),
+            before=doc.get("from"),
+            after=doc.get("to"),
             node=doc.get("node"),
             was_cordoned=doc.get("was_cordoned"),
             cordoned_by_us=bool(doc.get("cordoned_by_us")),
@@ -137,18 +147,21 @@ class HostState:
             started_at=doc.get("started_at"),
             finished_at=doc.get("finished_at"),
             duration_s=float(doc.get("duration_s") or 0.0),
-            before=doc.get("before"),
+            baseline=doc.get("before"),
             history=[list(x) for x in doc.get("history") or []],
         )
 
 
-class UpgradeState:
+class RolloutState:
     """The run's state, shared by the worker threads; every change is saved before the call returns."""
 
-    def __init__(self, path: Path, doc: dict[str, Any], hosts: dict[str, HostState]) -> None:
+    def __init__(
+        self, path: Path, doc: dict[str, Any], hosts: dict[str, HostState], kind: ChangeKind
+    ) -> None:
         self.path = path
         self.doc = doc
         self.hosts = hosts
+        self.kind = kind
         self._lock = threading.RLock()
 
     # -- creation and loading
@@ -157,16 +170,16 @@ class UpgradeState:
     def create(
         cls,
         record: Path,
+        kind: ChangeKind,
         *,
         inventory: str,
         options: dict[str, Any],
         plan: dict[str, Any],
         hosts: list[str],
-        verb: str = VERB,
-    ) -> UpgradeState:
+    ) -> RolloutState:
         doc: dict[str, Any] = {
             "format": FORMAT,
-            "verb": verb,
+            "verb": kind.verb,
             "inventory": inventory,
             "record": str(record),
             "options": options,
@@ -174,12 +187,12 @@ class UpgradeState:
             "status": "running",
             "invocations": [],
         }
-        state = cls(record / STATE_FILE, doc, {h: HostState(h) for h in hosts})
+        state = cls(record / STATE_FILE, doc, {h: HostState(h) for h in hosts}, kind)
         state.save()
         return state
 
     @classmethod
-    def load(cls, record: Path, verb: str = VERB) -> UpgradeState:
+    def load(cls, record: Path, kind: ChangeKind) -> RolloutState:
         path = record / STATE_FILE
         try:
             doc = json.loads(path.read_text())
@@ -187,10 +200,10 @@ class UpgradeState:
             raise InputError(f"{path}: no upgrade state in this run record") from exc
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: unreadable upgrade state: {exc}") from exc
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("verb") != verb:
-            raise InputError(f"{path}: not a {verb} state file of format {FORMAT}")
-        hosts = {h: HostState.from_dict(h, d) for h, d in (doc.pop("hosts", None) or {}).items()}
-        return cls(path, doc, hosts)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("verb") != kind.verb:
+            raise InputError(f"{path}: not a {kind.verb} state file of format {FORMAT}")
+        hosts = {h: HostState.from_dict(h, d, kind.steps) for h, d in (doc.pop("hosts", None) or {}).items()}
+        return cls(path, doc, hosts, kind)
 
     def save(self) -> None:
         with self._lock:
@@ -254,7 +267,7 @@ class UpgradeState:
                 raise StateError(f"{host}: step {step} after the host ended ({s.result})")
             if step == s.step:
                 return
-            if step not in NEXT.get(s.step, frozenset()):
+            if step not in self.kind.next_steps.get(s.step, frozenset()):
                 raise StateError(f"{host}: cannot go from {s.step} to {step}")
             s.step = step
             s.history.append([step, time.time()])
@@ -283,24 +296,20 @@ class UpgradeState:
             s.history.append([result, now])
             self.save()
 
-    def snapshot(self) -> dict[str, HostState]:
-        with self._lock:
-            return {h: HostState.from_dict(h, s.to_dict()) for h, s in self.hosts.items()}
-
 
 # ------------------------------------------------------------------------------------ finding runs
 
 
-def upgrade_records(verb: str = VERB) -> Iterator[Path]:
+def _records(verb: str) -> Iterator[Path]:
     base = records.runs_dir()
     if not base.is_dir():
         return
     yield from sorted((p for p in base.glob(f"*-{verb}*") if (p / STATE_FILE).is_file()), reverse=True)
 
 
-def latest_for(inventory: str, verb: str = VERB) -> Path | None:
+def latest_for(inventory: str, verb: str) -> Path | None:
     """The newest record of this inventory's rolling runs of `verb` (finished or not)."""
-    for path in upgrade_records(verb):
+    for path in _records(verb):
         try:
             doc = json.loads((path / STATE_FILE).read_text())
         except (OSError, ValueError):
@@ -310,27 +319,31 @@ def latest_for(inventory: str, verb: str = VERB) -> Path | None:
     return None
 
 
-def resumable(inventory: str, verb: str = VERB) -> Path:
-    """The latest run of `verb` on this inventory, which must be unfinished; InputError otherwise."""
+def resumable(inventory: str, kind: ChangeKind) -> Path:
+    """The latest run of this kind on this inventory, which must be unfinished; InputError otherwise."""
+    verb = kind.verb
     path = latest_for(inventory, verb)
     if path is None:
         raise InputError(f"--resume: no {verb} run recorded for {inventory}")
-    state = UpgradeState.load(path, verb)
-    if state.finished:
+    if RolloutState.load(path, kind).finished:
         raise InputError(
             f"--resume: the latest {verb} run on {inventory} ({path}) finished; nothing to resume"
         )
     return path
 
 
+# Every rolling change cordons and drains, so one lock per inventory covers them all; its file is named
+# as it was when upgrade-driver was the only one, so that an older gpuprov still sees it.
+_LOCK_NAME = "upgrade-driver"
+
+
 @contextlib.contextmanager
 def inventory_lock(inventory: str) -> Iterator[None]:
-    """One rolling run (driver upgrade or MIG change: both cordon and drain) at a time per inventory: a
-    second one is refused before it touches anything."""
+    """One rolling run at a time per inventory: a second one is refused before it touches anything."""
     locks = records.home() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(inventory.encode()).hexdigest()[:16]
-    path = locks / f"{VERB}-{digest}.lock"
+    path = locks / f"{_LOCK_NAME}-{digest}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
