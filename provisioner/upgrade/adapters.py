@@ -20,7 +20,6 @@ from typing import Any
 
 from provisioner.checks import PASS, HostFacts, evaluate
 from provisioner.checks.driver import installed_version
-from provisioner.probes.base import Unavailable
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import GpuprovError
 from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
@@ -29,7 +28,7 @@ from provisioner.hosttext import short_safe_text
 from provisioner.inventory import needs_become
 from provisioner.mig import parse_mig_devices
 from provisioner.probes import kernel_log, smi
-from provisioner.probes.base import ProbeResult
+from provisioner.probes.base import ProbeResult, Unavailable
 from provisioner.probes.host import HOST_FACTS, pci_gpus
 from provisioner.probes.kernel_log import KERNEL_LOG
 from provisioner.probes.smi import SMI_XML
