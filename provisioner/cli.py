@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_type_hints
 
 import typer
 
@@ -148,105 +151,97 @@ FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="Lowest status that
 SnapshotOpt = Annotated[Path | None, typer.Option("--snapshot", help="Evaluate a snapshot directory.")]
 
 
-def _report_verb(
-    *,
-    drift: bool,
-    inventory: Path | None,
-    local: bool,
-    snapshot: Path | None,
-    policy: Path | None,
-    output_format: ReportFormat,
-    output: Path | None,
-    fail_on: FailOn,
-    limit: str | None,
-    parallel: int,
-    checks: str | None,
-    timeout: float,
-) -> int:
+ReportFormatOpt = Annotated[ReportFormat, typer.Option("--format")]
+ReportOutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE.")]
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """The options `verify` and `check` share, in the order their help lists them; `--policy` is each
+    verb's own (optional for `verify`, required for `check`)."""
+
+    inventory: InventoryOpt = None
+    local: LocalOpt = False
+    snapshot: SnapshotOpt = None
+    output_format: ReportFormatOpt = ReportFormat.table
+    output: ReportOutputOpt = None
+    fail_on: FailOnOpt = FailOn.warn
+    limit: LimitOpt = None
+    parallel: ParallelOpt = 50
+    checks: ChecksOpt = None
+    timeout: TimeoutOpt = 180.0
+
+
+def _report_verb(*, drift: bool, policy_at: int) -> Callable[[Callable[..., None]], Callable[..., int]]:
+    """Make a report verb out of a stub that declares only `policy` (and the help, as its docstring): the
+    command takes the ReportOptions with `--policy` at position `policy_at` among them, and renders the
+    verification report, as a drift matrix when `drift`."""
+
+    def make(stub: Callable[..., None]) -> Callable[..., int]:
+        hints = get_type_hints(ReportOptions, include_extras=True)
+        shared = [
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default
+            )
+            for f in fields(ReportOptions)
+        ]
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(stub, eval_str=True).parameters.values()
+        ]
+
+        def command(*, policy: Path | None, **options: Any) -> int:
+            return _report(ReportOptions(**options), policy=policy, drift=drift)
+
+        command.__name__ = command.__qualname__ = stub.__name__
+        command.__doc__ = stub.__doc__
+        command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [*shared[:policy_at], *own, *shared[policy_at:]], return_annotation=int
+        )
+        return command
+
+    return make
+
+
+def _report(opts: ReportOptions, *, policy: Path | None, drift: bool) -> int:
     from provisioner.report import check_output_path, render, write_output
     from provisioner.verification import run_verification
 
-    if output is not None:
-        check_output_path(output)
+    if opts.output is not None:
+        check_output_path(opts.output)
     report = run_verification(
-        inventory=inventory,
-        local=local,
-        snapshot=snapshot,
+        inventory=opts.inventory,
+        local=opts.local,
+        snapshot=opts.snapshot,
         policy_path=policy,
-        limit=limit,
-        parallel=parallel,
-        checks=_split(checks) or None,
-        timeout=timeout,
+        limit=opts.limit,
+        parallel=opts.parallel,
+        checks=_split(opts.checks) or None,
+        timeout=opts.timeout,
     )
-    color = output is None and output_format == ReportFormat.table and sys.stdout.isatty()
-    text = render(report, output_format.value, fail_on=fail_on.value, drift=drift, color=color)
-    if output is not None:
-        write_output(text, output)
+    color = opts.output is None and opts.output_format == ReportFormat.table and sys.stdout.isatty()
+    text = render(report, opts.output_format.value, fail_on=opts.fail_on.value, drift=drift, color=color)
+    if opts.output is not None:
+        write_output(text, opts.output)
     else:
         sys.stdout.write(text)
-    return report.exit_code(fail_on.value)
+    return report.exit_code(opts.fail_on.value)
 
 
 @app.command()
+@_report_verb(drift=False, policy_at=3)
 def verify(
-    inventory: InventoryOpt = None,
-    local: LocalOpt = False,
-    snapshot: SnapshotOpt = None,
     policy: Annotated[Path | None, typer.Option("--policy", help="Policy file (YAML).")] = None,
-    output_format: Annotated[ReportFormat, typer.Option("--format")] = ReportFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE.")] = None,
-    fail_on: FailOnOpt = FailOn.warn,
-    limit: LimitOpt = None,
-    parallel: ParallelOpt = 50,
-    checks: ChecksOpt = None,
-    timeout: TimeoutOpt = 180.0,
-) -> int:
+) -> None:
     """Probe hosts; check GPUs, driver, CUDA, runtimes, services, Kubernetes (exit 1 on findings)."""
-    return _report_verb(
-        drift=False,
-        inventory=inventory,
-        local=local,
-        snapshot=snapshot,
-        policy=policy,
-        output_format=output_format,
-        output=output,
-        fail_on=fail_on,
-        limit=limit,
-        parallel=parallel,
-        checks=checks,
-        timeout=timeout,
-    )
 
 
 @app.command()
+@_report_verb(drift=True, policy_at=0)
 def check(
     policy: Annotated[Path, typer.Option("--policy", help="Policy file (YAML): the desired fleet state.")],
-    inventory: InventoryOpt = None,
-    local: LocalOpt = False,
-    snapshot: SnapshotOpt = None,
-    output_format: Annotated[ReportFormat, typer.Option("--format")] = ReportFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE.")] = None,
-    fail_on: FailOnOpt = FailOn.warn,
-    limit: LimitOpt = None,
-    parallel: ParallelOpt = 50,
-    checks: ChecksOpt = None,
-    timeout: TimeoutOpt = 180.0,
-) -> int:
+) -> None:
     """Check hosts against a policy and show the fleet's drift (host × check)."""
-    return _report_verb(
-        drift=True,
-        inventory=inventory,
-        local=local,
-        snapshot=snapshot,
-        policy=policy,
-        output_format=output_format,
-        output=output,
-        fail_on=fail_on,
-        limit=limit,
-        parallel=parallel,
-        checks=checks,
-        timeout=timeout,
-    )
 
 
 @app.command()

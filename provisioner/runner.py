@@ -24,9 +24,13 @@ from provisioner.content import ANSIBLE_CFG, ROLES_DIR
 from provisioner.errors import GpuprovError
 from provisioner.stages import STAGE_NAMES
 
-# A task whose name starts with this, when it runs (not skipped), marks the host "reboot pending".
+# The fact set on a host whose driver takes effect only after a reboot that was not allowed (the
+# nvidia_driver role's tasks/reboot.yml, playbooks/tasks/upgrade_driver_reboot.yml). An ok task result whose
+# ansible_facts hold it as true (or "true") adds the host to PlaybookResult.reboot_pending, where it stays
+# for the rest of the run.
 REBOOT_PENDING_FACT = "nvidia_driver_reboot_pending"
-# Facts the playbooks set to report progress (playbooks/upgrade_driver.yml), passed on with the event.
+# The facts an ok task result passes on in Event.facts; any other fact it set (or gathered) is dropped. The
+# upgrade play's step and reboot note (playbooks/upgrade_driver.yml) are what the upgrade's progress reads.
 PROGRESS_FACTS = frozenset({"gpuprov_upgrade_step", "gpuprov_upgrade_note", REBOOT_PENDING_FACT})
 
 

@@ -7,6 +7,7 @@ pass finding that covers all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
 from provisioner.expectations import Expectations
@@ -20,8 +21,11 @@ from provisioner.probes.smi import SMI_XML, SmiGpu
 PCI = HOST_FACTS  # PCI functions (host-facts.json's pci section)
 
 
-def _gpu_label(gpu: SmiGpu) -> str:
-    return f"GPU {gpu.index} ({gpu.bus_id})"
+def _gpu_finding(status: str, gpu: SmiGpu, detail: str, **data: Any) -> Finding:
+    """A finding about one GPU: "GPU <index> (<bus id>): <detail>", with the index and bus id recorded."""
+    return outcome(
+        status, f"GPU {gpu.index} ({gpu.bus_id}): {detail}", gpu=gpu.index, bus_id=gpu.bus_id, **data
+    )
 
 
 def _all_pass(gpus: list[SmiGpu], what: str) -> list[Finding]:
@@ -114,19 +118,14 @@ def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     for g in gpus:
         if g.persistence is None or g.persistence == "N/A":
-            findings.append(
-                outcome(
-                    ERROR, f"{_gpu_label(g)}: persistence mode not reported", gpu=g.index, bus_id=g.bus_id
-                )
-            )
+            findings.append(_gpu_finding(ERROR, g, "persistence mode not reported"))
         elif g.persistence != want_text:
             findings.append(
-                outcome(
+                _gpu_finding(
                     FAIL,
-                    f"{_gpu_label(g)}: persistence mode {g.persistence}, expected "
-                    f"{want_text} ({exp.source('gpu.persistence')})",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
+                    g,
+                    f"persistence mode {g.persistence}, expected {want_text} "
+                    f"({exp.source('gpu.persistence')})",
                 )
             )
     return findings or _all_pass(gpus, f"persistence mode {want_text}")
@@ -142,15 +141,13 @@ def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
     gpus = smi.smi_gpus(facts)
     findings: list[Finding] = []
     for g in gpus:
-        label = _gpu_label(g)
         counted = _volatile_uncorrectable(g)
         if counted.errors:
             findings.append(
-                outcome(
+                _gpu_finding(
                     FAIL,
-                    f"{label}: {counted.errors} volatile uncorrectable ECC error(s) since the driver loaded",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
+                    g,
+                    f"{counted.errors} volatile uncorrectable ECC error(s) since the driver loaded",
                     severity="critical",
                     uncorrectable=counted.errors,
                 )
@@ -160,46 +157,31 @@ def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
         # wrong whatever the mode.
         unjudged = counted.impossible or (counted.missing if g.ecc_current == "Enabled" else None)
         if unjudged:
-            findings.append(outcome(ERROR, f"{label}: {unjudged}", gpu=g.index, bus_id=g.bus_id))
+            findings.append(_gpu_finding(ERROR, g, unjudged))
         supported = g.ecc_current not in (None, "N/A")
         if exp.gpu_ecc is None:
             if supported and g.ecc_current != "Enabled":
                 findings.append(
-                    outcome(
-                        FAIL,
-                        f"{label}: ECC {g.ecc_current} (supported; expected Enabled by default)",
-                        gpu=g.index,
-                        bus_id=g.bus_id,
-                    )
+                    _gpu_finding(FAIL, g, f"ECC {g.ecc_current} (supported; expected Enabled by default)")
                 )
         elif not supported:
             if exp.gpu_ecc:
                 findings.append(
-                    outcome(
+                    _gpu_finding(
                         FAIL,
-                        f"{label}: ECC not supported or not reported, expected Enabled "
-                        f"({exp.source('gpu.ecc')})",
-                        gpu=g.index,
-                        bus_id=g.bus_id,
+                        g,
+                        f"ECC not supported or not reported, expected Enabled ({exp.source('gpu.ecc')})",
                     )
                 )
         elif (g.ecc_current == "Enabled") != exp.gpu_ecc:
             want = "Enabled" if exp.gpu_ecc else "Disabled"
             findings.append(
-                outcome(
-                    FAIL,
-                    f"{label}: ECC {g.ecc_current}, expected {want} ({exp.source('gpu.ecc')})",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
-                )
+                _gpu_finding(FAIL, g, f"ECC {g.ecc_current}, expected {want} ({exp.source('gpu.ecc')})")
             )
         if supported and g.ecc_pending not in (None, "N/A", g.ecc_current):
             findings.append(
-                outcome(
-                    WARN,
-                    f"{label}: ECC {g.ecc_current} now, {g.ecc_pending} after the next GPU reset/reboot",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
+                _gpu_finding(
+                    WARN, g, f"ECC {g.ecc_current} now, {g.ecc_pending} after the next GPU reset/reboot"
                 )
             )
     if findings:
@@ -254,50 +236,26 @@ def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     evaluated = 0
     for g in gpus:
-        label = _gpu_label(g)
         if g.remap_failure is None and g.remap_pending is None and g.retired_pending is None:
             continue
         evaluated += 1
         if g.remap_failure:
             findings.append(
-                outcome(
+                _gpu_finding(
                     FAIL,
-                    f"{label}: row remapping failure (memory cannot be repaired: replace the GPU)",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
+                    g,
+                    "row remapping failure (memory cannot be repaired: replace the GPU)",
                     severity="critical",
                 )
             )
         if g.unrepairable_memory:
-            findings.append(
-                outcome(
-                    FAIL,
-                    f"{label}: unrepairable memory reported",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
-                    severity="critical",
-                )
-            )
+            findings.append(_gpu_finding(FAIL, g, "unrepairable memory reported", severity="critical"))
         if g.remap_pending:
-            findings.append(
-                outcome(
-                    WARN,
-                    f"{label}: row remap pending (reset the GPU or reboot to apply)",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
-                )
-            )
+            findings.append(_gpu_finding(WARN, g, "row remap pending (reset the GPU or reboot to apply)"))
         if g.retired_pending:
-            findings.append(
-                outcome(
-                    WARN,
-                    f"{label}: page retirement pending (reset the GPU or reboot)",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
-                )
-            )
+            findings.append(_gpu_finding(WARN, g, "page retirement pending (reset the GPU or reboot)"))
         for what in g.repair_pending:
-            findings.append(outcome(WARN, f"{label}: {what} repair pending", gpu=g.index, bus_id=g.bus_id))
+            findings.append(_gpu_finding(WARN, g, f"{what} repair pending"))
     if findings:
         return findings
     if not evaluated:
@@ -317,7 +275,6 @@ def gpu_pcie_link(facts: HostFacts, exp: Expectations) -> list[Finding]:
     notes: list[str] = []
     unknown = 0
     for g in gpus:
-        label = _gpu_label(g)
         if None in (g.link_gen_current, g.link_gen_max, g.link_width_current, g.link_width_max):
             unknown += 1
             continue
@@ -329,11 +286,10 @@ def gpu_pcie_link(facts: HostFacts, exp: Expectations) -> list[Finding]:
         idle = (g.performance_state or "P0") not in ("P0", "P1", "P2")
         if width_low or (gen_low and not idle):
             findings.append(
-                outcome(
+                _gpu_finding(
                     WARN,
-                    f"{label}: PCIe link degraded: {now}",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
+                    g,
+                    f"PCIe link degraded: {now}",
                     gen=g.link_gen_current,
                     gen_max=g.link_gen_max,
                     width=g.link_width_current,
@@ -374,15 +330,7 @@ def gpu_throttle(facts: HostFacts, exp: Expectations) -> list[Finding]:
     for g in gpus:
         active = [text for key, text in _SLOWDOWN.items() if g.event_reasons.get(key)]
         if active:
-            findings.append(
-                outcome(
-                    WARN,
-                    f"{_gpu_label(g)}: clocks held down: {', '.join(active)}",
-                    gpu=g.index,
-                    bus_id=g.bus_id,
-                    reasons=active,
-                )
-            )
+            findings.append(_gpu_finding(WARN, g, f"clocks held down: {', '.join(active)}", reasons=active))
     return findings or _all_pass(gpus, "no slowdown reason active")
 
 

@@ -20,6 +20,18 @@ from provisioner.executors.base import (
 )
 
 
+def _start(command: Sequence[str] | str, *, stdin: int, stderr: int) -> subprocess.Popen[bytes] | str:
+    """Start a command (a string runs through `/bin/sh -c`), stdout piped, in a process group of its own so
+    that a timeout can stop the whole group; a command that cannot start gives why: "<program>: <reason>"."""
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    try:
+        return subprocess.Popen(
+            argv, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
+        )
+    except OSError as exc:
+        return f"{argv[0]}: {exc.strerror}"
+
+
 class LocalExecutor:
     """This machine, through `/bin/sh`. Used by `--local` (the real GPU host has no sshd)."""
 
@@ -27,18 +39,10 @@ class LocalExecutor:
         self.name = name or socket.gethostname()
 
     def run(self, command: Sequence[str] | str, timeout: float) -> CommandResult:
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         start = time.monotonic()
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # so a timeout can stop the whole process group
-            )
-        except OSError as exc:
-            return CommandResult(127, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - start)
+        proc = _start(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if isinstance(proc, str):
+            return CommandResult(127, "", proc, time.monotonic() - start)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -49,17 +53,9 @@ class LocalExecutor:
         return CommandResult(proc.returncode, as_text(out), as_text(err), time.monotonic() - start)
 
     def open_stream(self, command: Sequence[str] | str) -> LocalStream:
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise ExecutorError(self.name, f"{argv[0]}: {exc.strerror}") from exc
+        proc = _start(command, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if isinstance(proc, str):
+            raise ExecutorError(self.name, proc)
         return LocalStream(self.name, proc)
 
     def close(self) -> None:
