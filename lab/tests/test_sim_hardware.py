@@ -70,7 +70,7 @@ def test_h200_output_matches_the_real_capture_except_identity_and_live_values(tm
     host = SimHost(tmp_path, "h200")
     host.driver()
     assert host.smi("-pm", "1")[0] == 0
-    real_xml = Path(__file__).resolve().parents[1] / "fixtures/hosts/h200-ubuntu2404/nvidia-smi-q-x.xml"
+    real_xml = Path(__file__).resolve().parents[2] / "tests/fixtures/hosts/h200-ubuntu2404/nvidia-smi-q-x.xml"
     rc, xml = host.smi("-q", "-x")
     assert rc == 0
     live = ("timestamp", "serial", "uuid", "pdi", "free", "power_draw")

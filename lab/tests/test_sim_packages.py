@@ -159,7 +159,7 @@ def test_nvcc_prints_the_real_version_format(tmp_path: Path) -> None:
         ).stdout
         assert probes.parse_nvcc(out) == probes.CudaToolkit(release, full)
     real = (
-        Path(__file__).resolve().parents[1] / "fixtures/hosts/h200-ubuntu2404/nvcc-version.txt"
+        Path(__file__).resolve().parents[2] / "tests/fixtures/hosts/h200-ubuntu2404/nvcc-version.txt"
     ).read_text()
     ours = subprocess.run(
         [str(tmp_path / "usr/local/cuda-13.0/bin/nvcc"), "--version"],

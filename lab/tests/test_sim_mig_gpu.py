@@ -19,7 +19,7 @@ from provisioner import mig as product_mig
 from provisioner import probes
 from provisioner.errors import InputError
 
-CAPTURE = Path(__file__).resolve().parents[1] / "fixtures/hosts/h200-ubuntu2404"
+CAPTURE = Path(__file__).resolve().parents[2] / "tests/fixtures/hosts/h200-ubuntu2404"
 H100_BUS0 = "00000000:18:00.0"
 PERSISTENCE_WARNING = (
     "Warning: persistence mode is disabled on device {bus}. See the Known Issues section of the "
