@@ -177,7 +177,7 @@ def node_features_objects(namespace: str, image: str) -> list[dict[str, Any]]:
     ]
 
 
-# Where the operands see the mock NVML's configuration of their host (gpuprovsim.kmod.OPERAND_NVML).
+# Where the operands see the mock NVML's configuration of their host (gpu/kmod.py OPERAND_NVML).
 OPERAND_NVML = "/sys/module/nvidia/gpuprov-lab/nvml.yaml"
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuprov_lab import distros, image, keys, paths, proc, state, vendor
+from gpuprov_lab import debian, distros, image, keys, paths, proc, state, vendor
 from gpuprov_lab.engine import Progress, _quiet
 from gpuprov_lab.errors import LabError
 from gpuprov_lab.keys import ArchiveKey
@@ -380,7 +380,7 @@ def resolve_debian(
         "WORK": str(work / "work"),
         "MERGED": str(work / "merged"),
         "DEBS": str(cache),
-        "MIRROR": image.debian_mirror_url(),
+        "MIRROR": debian.debian_mirror_url(),
         "SUITE": flavour.suite,
         "OTHER_SUITES": " ".join(others),
         "APTCONF": str(aptconf),

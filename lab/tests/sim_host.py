@@ -1,6 +1,6 @@
 """A simulated lab host in a temporary directory, for the tests of the lab's GPU simulation.
 
-The in-host emulation (lab/gpuprov_lab/sim/hostfiles/usr/lib/gpuprov-lab/python/gpuprovsim) runs here
+The GPU stand-in (lab/gpuprov_lab/gpu, /usr/lib/gpuprov-lab/gpu in a host) runs here
 against a root directory (GPUPROV_SIM_ROOT) instead of /: the profile and faults files the lab writes,
 the sim packages extracted from the .debs the mirror serves, and the NVIDIA modules built from the DKMS
 package's own Makefile with the system C compiler, as dkms does on a lab host.
@@ -21,15 +21,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gpuprov_lab.gpu import boot, core, daemons, dcgm, dmesg, kmod, nvcli, smi, watch
 from gpuprov_lab.sim import catalog, debs, nvidia, nvml, profiles
 
 from provisioner import probes
-
-HOSTLIB = Path(nvidia.__file__).parent / "hostfiles" / "usr" / "lib" / "gpuprov-lab" / "python"
-if str(HOSTLIB) not in sys.path:
-    sys.path.insert(0, str(HOSTLIB))
-
-from gpuprovsim import boot, core, daemons, dcgm, dmesg, kmod, nvcli, smi, watch  # noqa: E402
 
 __all__ = ["KERNEL", "SimHost", "boot", "core", "daemons", "dcgm", "dmesg", "kmod", "nvcli", "smi", "watch"]
 KERNEL = os.uname().release
@@ -100,7 +95,7 @@ class SimHost:
                 "modules",
                 f"KERNEL_UNAME={KERNEL}",
                 f"NV_FLAVOUR={flavour}",
-                f"SIM_CHECK={sys.executable} {HOSTLIB}/gpuprovsim/dkmsbuild.py",
+                f"SIM_CHECK={sys.executable} -m gpuprov_lab.gpu.dkmsbuild",
             ],
             env={**os.environ, "GPUPROV_SIM_ROOT": str(self.root)},
             capture_output=True,

@@ -1,5 +1,5 @@
-"""The lab's SIMULATED nvidia-mig-parted front end (gpuprovsim/migparted.py) against a fake nvidia-smi that
-keeps MIG state in a JSON file, with NVIDIA's real nvidia-mig-parted behind it for parsing."""
+"""The lab's SIMULATED nvidia-mig-parted front end (gpuprov_lab/gpu/migparted.py) against a fake nvidia-smi
+that keeps MIG state in a JSON file, with NVIDIA's real nvidia-mig-parted behind it for parsing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import yaml
 from gpuprov_lab import vendor
 
 ROOT = Path(__file__).resolve().parents[2]
-HOSTLIB = ROOT / "lab" / "gpuprov_lab" / "sim" / "hostfiles" / "usr" / "lib" / "gpuprov-lab"
 H200 = "0x233510DE"
 
 # nvidia-smi's syntax for what the front end uses; one H200-like GPU per entry of $FAKE_SMI_STATE.
@@ -120,7 +119,7 @@ def run(
     fx: dict[str, Any], *args: str, env: dict[str, str] | None = None, stdin: str = ""
 ) -> subprocess.CompletedProcess:
     code = (
-        f"import sys; sys.path.insert(0, {str(HOSTLIB / 'python')!r}); from gpuprovsim import migparted; "
+        "import sys; from gpuprov_lab.gpu import migparted; "
         "sys.exit(migparted.main('nvidia-mig-parted', sys.argv[1:]))"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("MIG_PARTED_")}
@@ -267,8 +266,7 @@ def test_parsing_is_the_real_binarys(fx: dict[str, Any]) -> None:
 
 
 def test_the_yaml_reader_reads_nvidias_files_as_yaml_does() -> None:
-    sys.path.insert(0, str(HOSTLIB / "python"))
-    from gpuprovsim import migparted
+    from gpuprov_lab.gpu import migparted
 
     for rel in ("systemd/config-default.yaml", "systemd/hooks-default.yaml", "systemd/hooks-minimal.yaml"):
         text = vendor.artifact("mig-parted", rel).read_text()

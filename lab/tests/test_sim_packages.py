@@ -197,7 +197,7 @@ def test_dkms_source_builds_modules_modinfo_reads(tmp_path: Path) -> None:
     if modinfo:  # kmod's modinfo reads the module like a real one
         out = subprocess.run([modinfo, "-F", "version", str(ko)], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "570.195.03"
-    from gpuprovsim import kmod
+    from gpuprov_lab.gpu import kmod
 
     info = kmod.read_modinfo(ko)
     assert (info["name"], info["version"], info["license"]) == ("nvidia_uvm", "570.195.03", "NVIDIA")

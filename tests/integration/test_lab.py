@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpuprov_lab import debian, faults, fleet, image, mirror, plan, runc_capfilter, vendor
+from gpuprov_lab import debian, faults, fleet, mirror, plan, runc_capfilter, vendor
 from gpuprov_lab.engine import docker_cli
 from gpuprov_lab.state import LabState
 from gpuprov_lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
@@ -61,16 +61,16 @@ def test_debian_mirror_is_read_from_apt_sources(tmp_path: Path) -> None:
         "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n"
         "Components: main\n"
     )
-    assert image._mirror_from_sources(tmp_path) == "http://archive.example/debian"
+    assert debian._mirror_from_sources(tmp_path) == "http://archive.example/debian"
     other = tmp_path / "other"
     other.mkdir()
     (other / "sources.list").write_text(
         "# c\ndeb [arch=amd64] http://one.example/debian/ bookworm main contrib\n"
     )
-    assert image._mirror_from_sources(other) == "http://one.example/debian"
+    assert debian._mirror_from_sources(other) == "http://one.example/debian"
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert image._mirror_from_sources(empty) is None
+    assert debian._mirror_from_sources(empty) is None
 
 
 def test_dependency_relations_are_split_into_alternatives() -> None:

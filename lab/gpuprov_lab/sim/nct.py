@@ -11,7 +11,7 @@ doing (the GPUs they see come from NVIDIA's mock NVML in the lab's driver packag
 
 Still SIMULATED, because no real build exists here (it needs NVIDIA's driver libraries): libnvidia-container1
 and libnvidia-container-tools, whose nvidia-container-cli answers `info` and `--version` from the host's
-simulated GPUs (gpuprovsim/nvcli.py). Only the legacy (non-CDI) injection path uses it.
+simulated GPUs (gpu/nvcli.py). Only the legacy (non-CDI) injection path uses it.
 """
 
 from __future__ import annotations

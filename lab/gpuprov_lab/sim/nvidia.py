@@ -3,8 +3,8 @@
 Real names, versions and file paths (docs/contracts.md, "Package versions"): driver branches 580
 (580.159.04, 580.95.05) and 570 (570.195.03) in open and proprietary kernel-module flavours, fabric
 manager, DCGM, CUDA toolkits 13.0 and 12.8, and the kernel headers of the lab's running kernel. The
-tools they install are thin wrappers around the lab image's emulation library
-(/usr/lib/gpuprov-lab/python/gpuprovsim), which answers from the host's simulated hardware.
+tools they install are thin wrappers around the lab's GPU stand-in (gpuprov_lab/gpu, at
+/usr/lib/gpuprov-lab/gpu in a host), which answers from the host's simulated hardware.
 
 The kernel-module packages are real DKMS packages: their postinst runs Debian's dkms, which builds
 (with gcc) tiny ELF objects carrying the real module names and modinfo, and installs them under
@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpuprov_lab import vendor
+from gpuprov_lab import image, vendor
 from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
 from gpuprov_lab.sim.elf import shared_object
 
 # The lab's CUDA repositories (catalog.REPOS keys) and the catalog's name for each.
 CUDA_REPOS = {"cuda-debian12": "debian12", "cuda-debian13": "debian13"}
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-PYLIB = "/usr/lib/gpuprov-lab/python"
 HOMEPAGE = "https://developer.nvidia.com/cuda-downloads"
 
 # CUDA version the driver of a branch reports (nvidia-smi's "CUDA Version"; 580 → 13.0 on the real H200).
@@ -74,35 +73,24 @@ KERNEL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidi
 
 
 def tool(module: str, prog: str, **constants: str) -> SimFile:
-    """An executable that runs one entry point of the lab's emulation library."""
-    args = ", ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
-    text = f"""#!/usr/bin/python3
-# {prog}: {SIMULATED}. Part of the gpuprov lab simulation; it answers from this lab host's
-# simulated hardware (/etc/gpuprov-lab/profile.json) and is not NVIDIA's program.
-import sys
-
-sys.path.insert(0, {PYLIB!r})
-from gpuprovsim import {module}  # noqa: E402
-
-sys.exit({module}.main({prog!r}, sys.argv[1:]{", " if args else ""}{args}))
-"""
-    return SimFile(text, 0o755)
+    """An executable that runs one entry point of the lab's GPU stand-in (gpuprov_lab/gpu)."""
+    return SimFile(image.launcher(module, prog, **constants), 0o755)
 
 
 def smi_launcher(**constants: str) -> SimFile:
-    """/usr/bin/nvidia-smi: on a lab host the simulated front end (gpuprovsim.smi); where the lab's
-    python library is absent it is NVIDIA's binary that answers. That is the case inside a container,
-    where the NVIDIA runtime mounts this file (the CDI spec names /usr/bin/nvidia-smi) and the lab's
-    images carry NVIDIA's binary where Debian installs it."""
+    """/usr/bin/nvidia-smi: on a lab host the simulated front end (gpu/smi.py); where the lab's GPU
+    stand-in is absent it is NVIDIA's binary that answers. That is the case inside a container, where the
+    NVIDIA runtime mounts this file (the CDI spec names /usr/bin/nvidia-smi) and the lab's images carry
+    NVIDIA's binary where Debian installs it."""
     args = ", ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
-    call = f"from gpuprovsim import smi; sys.exit(smi.main('nvidia-smi', sys.argv[1:], {args}))"
+    call = f"from gpu import smi; sys.exit(smi.main('nvidia-smi', sys.argv[1:], {args}))"
     text = f"""#!/bin/sh
 # nvidia-smi: {SIMULATED} front end. Part of the gpuprov lab simulation: on a lab host it answers
 # from the host's simulated hardware (/etc/gpuprov-lab/profile.json) and NVIDIA's own binary
-# (/{vendor.NVIDIA_SMI_PATH}); where the lab's library is absent (inside a container) NVIDIA's binary
-# answers alone.
-if [ -d {PYLIB}/gpuprovsim ] && [ -x /usr/bin/python3 ]; then
-  exec /usr/bin/python3 -c "import sys; sys.path.insert(0, '{PYLIB}'); {call}" "$@"
+# (/{vendor.NVIDIA_SMI_PATH}); where the lab's GPU stand-in is absent (inside a container) NVIDIA's
+# binary answers alone.
+if [ -d {image.HOST_LIB}/gpu ] && [ -x /usr/bin/python3 ]; then
+  exec /usr/bin/python3 -c "import sys; sys.path.insert(0, '{image.HOST_LIB}'); {call}" "$@"
 fi
 exec /{vendor.NVIDIA_SMI_PATH} "$@"
 """
@@ -168,7 +156,7 @@ KERNEL_UNAME ?= $(shell uname -r)
 NV_FLAVOUR ?= open
 CC ?= cc
 MODULES := {modules}
-SIM_CHECK ?= python3 {pylib}/gpuprovsim/dkmsbuild.py
+SIM_CHECK ?= PYTHONPATH={pylib} python3 -m gpu.dkmsbuild
 
 modules: $(addsuffix .ko,$(MODULES))
 
@@ -251,7 +239,7 @@ def _kernel_dkms(version: str, flavour: str) -> SimPackage:
                 DKMS_MAKEFILE.format(
                     label=label,
                     modules=" ".join(KERNEL_MODULES),
-                    pylib=PYLIB,
+                    pylib=image.HOST_LIB,
                     version=version,
                     license="Dual MIT/GPL" if open_ else "NVIDIA",
                 )

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from gpuprovsim import core, daemons, kmod, smi, watch
+from . import core, daemons, kmod, smi, watch
 
 HOSTENGINE_PID = "/var/run/nvhostengine.pid"
 PLUGINS = "/usr/libexec/datacenter-gpu-manager-4/plugins"

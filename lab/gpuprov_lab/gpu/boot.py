@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprovsim import core, kmod, watch
+from . import core, kmod, watch
 
 
 def _mount(host: core.Host, *args: str) -> str | None:
@@ -128,24 +128,6 @@ def pci_devices(host: core.Host) -> list[dict[str, Any]]:
     return sorted(devs, key=lambda d: d["address"])
 
 
-def link_now(host: core.Host, dev: dict[str, Any]) -> tuple[int, int]:
-    """Current PCIe generation and width: the maximum, unless a pcie fault degrades that GPU."""
-    gen, width = int(dev.get("link_gen_max", 3)), int(dev.get("link_width_max", 1))
-    if dev.get("kind") == "gpu" and host.has_fault("pcie", dev["index"]):
-        return max(1, gen - 2), max(1, width // 2)
-    return gen, width
-
-
-def link_speed(gen: int) -> str:
-    return {
-        1: "2.5 GT/s PCIe",
-        2: "5.0 GT/s PCIe",
-        3: "8.0 GT/s PCIe",
-        4: "16.0 GT/s PCIe",
-        5: "32.0 GT/s PCIe",
-    }.get(gen, "64.0 GT/s PCIe")
-
-
 def write_pci(host: core.Host, root: Path) -> None:
     for dev in pci_devices(host):
         d = root / dev["address"]
@@ -178,11 +160,11 @@ def write_pci(host: core.Host, root: Path) -> None:
             "resource": "0x00000000fa000000 0x00000000faffffff 0x0000000000040200\n" * 1,
         }
         if dev["kind"] != "other":
-            gen, width = link_now(host, dev)
+            gen, width = watch.link_now(host, dev)
             files |= {
-                "max_link_speed": link_speed(int(dev["link_gen_max"])),
+                "max_link_speed": watch.link_speed(int(dev["link_gen_max"])),
                 "max_link_width": str(dev["link_width_max"]),
-                "current_link_speed": link_speed(gen),
+                "current_link_speed": watch.link_speed(gen),
                 "current_link_width": str(width),
             }
         for name, value in files.items():
@@ -204,21 +186,6 @@ def write_pci(host: core.Host, root: Path) -> None:
             f"PCI_CLASS={cls:X}\nPCI_ID={pci_id}\nPCI_SUBSYS_ID={sub}\nPCI_SLOT_NAME={dev['address']}\n"
             f"MODALIAS={files['modalias']}\n",
         )
-
-
-def update_links(host: core.Host) -> None:
-    """Re-read the pcie faults into current_link_speed/width (faults change while the host runs)."""
-    root = host.p("/sys/bus/pci/devices")
-    for dev in pci_devices(host):
-        d = root / dev["address"]
-        if dev["kind"] == "other" or not (d / ".gpuprov-sim").exists():
-            continue
-        gen, width = link_now(host, dev)
-        for name, value in (("current_link_speed", link_speed(gen)), ("current_link_width", str(width))):
-            f = d / name
-            with contextlib.suppress(OSError):
-                if f.read_text().strip() != value:
-                    core.write_text(f, value + "\n", 0o444)
 
 
 # -------------------------------------------------------------------------------------- /sys/module

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprovsim import core, kmod
+from . import core, kmod
 
 RC_NOT_SUPPORTED = 3
 RC_NO_PERMISSION = 4

@@ -35,9 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuprovsim import core, kmod, mig, watch
+from . import core, kmod, mig, watch
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent
 LIBNVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 RC_NO_DRIVER = 9
 RC_NO_DEVICES = 6

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from gpuprovsim import core, watch
+from . import core, watch
 
 # Xid → the text the driver prints after "NVRM: Xid (PCI:dddd:bb:dd): N, pid=..., name=...,".
 XID_TEXT = {

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuprovsim import core, kmod, watch
+from . import core, kmod, watch
 
 PERSISTENCED_PID = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
 FABRICMANAGER_PID = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuprovsim import core, kmod, smi
+from . import core, kmod, smi
 
 
 def info(host: core.Host) -> int:

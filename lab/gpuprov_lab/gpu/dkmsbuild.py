@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpuprovsim import core
+from . import core
 
 
 def check(host: core.Host, module: str, kernel: str, flavour: str, version: str) -> int:
@@ -46,6 +43,6 @@ def check(host: core.Host, module: str, kernel: str, flavour: str, version: str)
 
 if __name__ == "__main__":
     if len(sys.argv) != 5:
-        sys.stderr.write("usage: dkmsbuild.py MODULE KERNEL FLAVOUR VERSION\n")
+        sys.stderr.write("usage: python3 -m gpu.dkmsbuild MODULE KERNEL FLAVOUR VERSION\n")
         sys.exit(2)
     sys.exit(check(core.Host(), *sys.argv[1:5]))

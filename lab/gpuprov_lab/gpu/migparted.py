@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprovsim import core
+from . import core
 
 # NVIDIA's binary: the nvidia-mig-manager package's (hosts outside Kubernetes), else the copy every lab
 # host image carries (Kubernetes nodes, where the GPU Operator's MIG manager runs this front end).

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuprovsim import core
+from . import core
 
 # name → (size in bytes for open/proprietary, modules it depends on)
 MODULES: dict[str, tuple[int, int, tuple[str, ...]]] = {

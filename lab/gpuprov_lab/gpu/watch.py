@@ -12,8 +12,9 @@ import contextlib
 import json
 import sys
 import time
+from typing import Any
 
-from gpuprovsim import core
+from . import core, kmod
 
 
 def fault_key(f: dict[str, object]) -> str:
@@ -30,14 +31,43 @@ def sync(host: core.Host) -> None:
                 del seen[k]  # cleared: the lab "repaired" it
         for k in sorted(keys):
             seen.setdefault(k, round(host.uptime(st), 6))
-        from gpuprovsim import kmod
-
         kmod.users(st)  # daemons that died no longer hold the driver
         kmod.render(host, st)
-    from gpuprovsim import boot  # boot imports this module
-
     with contextlib.suppress(OSError):
-        boot.update_links(host)
+        update_links(host)
+
+
+def link_now(host: core.Host, dev: dict[str, Any]) -> tuple[int, int]:
+    """Current PCIe generation and width: the maximum, unless a pcie fault degrades that GPU."""
+    gen, width = int(dev.get("link_gen_max", 3)), int(dev.get("link_width_max", 1))
+    if dev.get("kind") == "gpu" and host.has_fault("pcie", dev["index"]):
+        return max(1, gen - 2), max(1, width // 2)
+    return gen, width
+
+
+def link_speed(gen: int) -> str:
+    return {
+        1: "2.5 GT/s PCIe",
+        2: "5.0 GT/s PCIe",
+        3: "8.0 GT/s PCIe",
+        4: "16.0 GT/s PCIe",
+        5: "32.0 GT/s PCIe",
+    }.get(gen, "64.0 GT/s PCIe")
+
+
+def update_links(host: core.Host) -> None:
+    """Re-read the pcie faults into the GPUs' current_link_speed/width (faults change while the host runs)."""
+    root = host.p("/sys/bus/pci/devices")
+    for g in host.gpus():
+        d = root / g["pci_address"]
+        if not (d / ".gpuprov-sim").exists():
+            continue
+        gen, width = link_now(host, {**g, "kind": "gpu"})
+        for name, value in (("current_link_speed", link_speed(gen)), ("current_link_width", str(width))):
+            f = d / name
+            with contextlib.suppress(OSError):
+                if f.read_text().strip() != value:
+                    core.write_text(f, value + "\n", 0o444)
 
 
 def _holder_died(host: core.Host) -> bool:
