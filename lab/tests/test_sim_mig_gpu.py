@@ -1,7 +1,7 @@
-"""MIG on the lab's simulated GPUs, driven in-process through nvidia-smi's real syntax (gpuprovsim/mig.py):
-the H200's profile tables are the real capture byte for byte, layouts are placed and refused as the driver
-does, the mode follows the holders of the GPU on Ampere, -L lists MIG devices in the real format (read by
-the product's own parser), and the lab's mig-fail fault makes enabling MIG fail."""
+"""MIG on the lab's simulated GPUs, driven in-process through nvidia-smi's real syntax (gpu/mig.py): the
+H200's profile table is the real capture (read by the product's parser), layouts are placed and refused as
+the driver does, the mode follows the holders of the GPU on Ampere, -L lists MIG devices in the real format
+(read by the product's own parser), and the lab's mig-fail fault makes enabling MIG fail."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from gpuprov_lab import faults
+from gpuprov_lab.gpu import mig
 from gpuprov_lab.plan import PlannedHost
 from gpuprov_lab.state import LabState
 from sim_host import SimHost
@@ -59,24 +60,26 @@ def hold_gpu(host: SimHost, prog: str = "nvidia-persistenced") -> None:
 # ------------------------------------------------------------------------------ the real capture
 
 
-def test_h200_profile_tables_are_the_real_capture_byte_for_byte(h200: SimHost) -> None:
-    assert h200.smi("mig", "-lgip") == (0, (CAPTURE / "nvidia-smi-mig-lgip.txt").read_text())
-    assert h200.smi("mig", "-lgipp") == (0, (CAPTURE / "nvidia-smi-mig-lgipp.txt").read_text())
-    assert h200.smi("mig", "--list-gpu-instance-profiles")[1] == h200.smi("mig", "-lgip")[1]
+def test_the_h200_table_is_the_real_capture() -> None:
+    """`nvidia-smi mig -lgip`/`-lgipp` of a real H200, read by the product's parser: the simulated GPU's
+    profiles, ids, counts and placements."""
+    read = product_mig.parse_profiles(
+        (CAPTURE / "nvidia-smi-mig-lgip.txt").read_text(), (CAPTURE / "nvidia-smi-mig-lgipp.txt").read_text()
+    )
+    real = [(p.name, p.profile_id, p.instances, p.placements, p.memory_slices) for p in read.values()]
+    assert real == [(p.name, p.profile_id, p.total, p.starts, p.size) for p in mig.H200]
 
 
-def test_every_gpu_of_a_host_lists_the_same_tables_under_its_index(h100: SimHost) -> None:
-    """8 H100s: -lgipp is the 7 placement lines per GPU with its index; the product reads -lgip/-lgipp as
-    it reads a real GPU's and finds the User Guide's H100 80GB table."""
-    lines = h100.smi("mig", "-lgipp")[1].splitlines()
-    assert len(lines) == 8 * 7
-    assert [ln[:6] for ln in lines[::7]] == [f"GPU {i:>2}" for i in range(8)]
-    assert lines[4] == "GPU  0 Profile ID  9 Placements: {0,4}:4"
-    lgip, lgipp = h100.smi("mig", "-lgip")[1], h100.smi("mig", "-lgipp")[1]
-    read = product_mig.parse_profiles(lgip, lgipp, gpu=7)
-    table = product_mig.table_from_profiles("H100", 525, read)
-    assert table.profiles == product_mig.GPUS[0x2330].profiles
-    assert (read["3g.40gb"].profile_id, read["3g.40gb"].sms, read["7g.80gb"].memory_gib) == (9, 60, 79.25)
+def test_the_h100_and_a100_tables_are_the_products() -> None:
+    for device, table in ((0x2330, mig.H100_80GB), (0x20B2, mig.A100_80GB)):
+        ours = {p.name: (p.total, p.size) for p in table}
+        assert ours == {n: (q.max_count, q.memory) for n, q in product_mig.GPUS[device].profiles.items()}
+
+
+def gis(host: SimHost, bus: str) -> list[tuple[int, int, int, int]]:
+    """(GPU instance id, profile id, placement start, size) of a GPU's instances, by id."""
+    cur = host.host.state()["mig"][bus]["gis"]
+    return sorted((gi["id"], gi["profile"], gi["start"], gi["size"]) for gi in cur)
 
 
 # ------------------------------------------------------------------------------------ layouts
@@ -98,10 +101,7 @@ def test_all_1g_18gb_on_the_h200(h200: SimHost) -> None:
         out.splitlines()[0]
         == "Successfully created GPU instance ID 13 on GPU  0 using profile MIG 1g.18gb (ID 19)"
     )
-    lgi = h200.smi("mig", "-lgi")[1].splitlines()
-    rows = [ln for ln in lgi if ln.startswith("|   0")]
-    assert rows == [f"|   0  MIG 1g.18gb           19{gi:>9}{f'{gi - 7}:1':>13}     |" for gi in range(7, 14)]
-    assert all(len(ln) == 59 for ln in lgi)
+    assert gis(h200, bus) == [(gi, 19, gi - 7, 1) for gi in range(7, 14)]
     listing = h200.smi("-L")[1]
     assert product_mig.parse_mig_devices(listing) == {0: {"1g.18gb": 7}}
     mig_lines = listing.splitlines()[1:]
@@ -109,10 +109,8 @@ def test_all_1g_18gb_on_the_h200(h200: SimHost) -> None:
         re.fullmatch(r"  MIG 1g\.18gb     Device  \d: \(UUID: MIG-[0-9a-f-]{36}\)", ln) for ln in mig_lines
     )
     assert len({ln.split("UUID: ")[1] for ln in mig_lines}) == 7
-    assert "|   0  MIG 1g.18gb         19     0/7        16.00      No" in h200.smi("mig", "-lgip")[1]
     gpu = probes.parse_nvidia_smi_xml(h200.smi("-q", "-x")[1]).gpus[0]
     assert gpu.mig_mode == "Enabled"
-    assert "        Pending                                        : Enabled" in h200.smi("-q")[1]
 
 
 def test_a_balanced_mix_on_one_h100_leaves_the_others_alone(h100: SimHost) -> None:
@@ -120,30 +118,13 @@ def test_a_balanced_mix_on_one_h100_leaves_the_others_alone(h100: SimHost) -> No
     rc, out = h100.smi("mig", "-i", "0", "-cgi", "3g.40gb,2g.20gb,1g.10gb,1g.10gb", "-C")
     assert rc == 0, out
     # As NVIDIA's H100 example places 3g.40gb then 2g.20gb (GI 2 at 4:4, GI 3 at 0:2).
-    assert h100.smi("mig", "-lgi")[1] == (
-        "+---------------------------------------------------------+\n"
-        "| GPU instances:                                          |\n"
-        "| GPU   Name               Profile  Instance   Placement  |\n"
-        "|                            ID       ID       Start:Size |\n"
-        "|=========================================================|\n"
-        "|   0  MIG 1g.10gb           19        9          2:1     |\n"
-        "+---------------------------------------------------------+\n"
-        "|   0  MIG 1g.10gb           19       10          3:1     |\n"
-        "+---------------------------------------------------------+\n"
-        "|   0  MIG 2g.20gb           14        3          0:2     |\n"
-        "+---------------------------------------------------------+\n"
-        "|   0  MIG 3g.40gb            9        2          4:4     |\n"
-        "+---------------------------------------------------------+\n"
-    )
-    lci = h100.smi("mig", "-lci")[1].splitlines()
-    assert "|   0      2       MIG 3g.40gb          2         0          0:4     |" in lci
-    assert "|   0      3       MIG 2g.20gb          1         0          0:2     |" in lci
+    assert gis(h100, H100_BUS0) == [(2, 9, 4, 4), (3, 14, 0, 2), (9, 19, 2, 1), (10, 19, 3, 1)]
     assert product_mig.parse_mig_devices(h100.smi("-L")[1]) == {
         0: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
         **{i: {} for i in range(1, 8)},
     }
     assert [mode(h100, i) for i in (0, 1)] == ["Enabled, Enabled", "Disabled, Disabled"]
-    assert h100.smi("-i", "1", "mig", "-lgi") == (6, "No MIG-enabled devices found.\n")
+    assert h100.smi("-i", "1", "mig", "-dgi") == (6, "No MIG-enabled devices found.\n")
 
 
 def test_layouts_beyond_the_gpu_are_refused_with_the_drivers_error(h100: SimHost) -> None:
@@ -185,25 +166,20 @@ def test_disable_tears_down_in_the_drivers_order(h100: SimHost) -> None:
         "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  0\n",
     )
     assert h100.smi("mig", "-dgi") == (0, "Successfully destroyed GPU instance ID  0 from GPU  0\n")
-    assert h100.smi("mig", "-lgi") == (6, "No GPU instances found: Not Found\n")
+    assert h100.smi("mig", "-dgi") == (6, "No GPU instances found: Not Found\n")
     assert h100.smi("-i", "0", "-mig", "0")[0] == 0
     assert mode(h100, 0) == "Disabled, Disabled"
     assert h100.smi("-L")[1].count("MIG") == 0
 
 
-def test_compute_instances_can_be_made_apart_from_their_gpu_instance(h200: SimHost) -> None:
+def test_a_gpu_instance_without_compute_instance_is_no_device(h200: SimHost) -> None:
     assert h200.smi("-mig", "1")[0] == 0
     assert h200.smi("mig", "-cgi", "9")[1] == (
         "Successfully created GPU instance ID  2 on GPU  0 using profile MIG 3g.71gb (ID  9)\n"
     )
     assert product_mig.parse_mig_devices(h200.smi("-L")[1]) == {0: {}}  # no compute instance, no device
-    assert h200.smi("mig", "-gi", "2", "-cci") == (
-        0,
-        "Successfully created compute instance ID  0 on GPU  0 GPU instance ID  2 "
-        "using profile MIG 3g.71gb (ID  2)\n",
-    )
-    assert h200.smi("mig", "-gi", "2", "-cci")[0] == 23  # the full-size one already exists
-    assert product_mig.parse_mig_devices(h200.smi("-L")[1]) == {0: {"3g.71gb": 1}}
+    for listing in ("-lgip", "-lgipp", "-lgi", "-lci", "-cci"):  # nothing in the lab runs them
+        assert h200.smi("mig", listing) == (2, f"gpuprov lab: nvidia-smi mig {listing} is not simulated\n")
 
 
 # ------------------------------------------------------------------------- who holds the GPU
@@ -277,8 +253,8 @@ def test_a_gpu_without_mig_answers_as_the_real_tool(tmp_path: Path) -> None:
         "Unable to enable MIG Mode for GPU 00000000:4B:00.0: Not Supported\n"
         "Treating as warning and moving on.\nAll done.\n",
     )
-    assert host.smi("mig", "-lgip") == (6, "No MIG-supported devices found.\n")
-    assert "        Current                                        : N/A" in host.smi("-q")[1]
+    assert host.smi("mig", "-cgi", "19") == (6, "No MIG-enabled devices found.\n")
+    assert "<current_mig>N/A</current_mig>" in host.smi("-q", "-x")[1]
 
 
 def test_the_mig_fail_fault_makes_enabling_fail(h100: SimHost) -> None:
@@ -308,8 +284,8 @@ def test_bad_arguments_are_refused_like_the_real_tool(h200: SimHost) -> None:
     invalid = (2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n\n")
     assert h200.smi("-mig", "2") == invalid
     assert h200.smi("mig", "-cgi") == invalid
-    assert h200.smi("mig", "-lgi", "-lci") == invalid
-    assert h200.smi("mig", "-lgi", "-C") == invalid
+    assert h200.smi("mig", "-dgi", "-dci") == invalid
+    assert h200.smi("mig", "-dgi", "-C") == invalid
 
 
 def test_changes_need_root_on_a_host(h200: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,11 @@
 """Part of the gpuprov lab simulation: MIG (Multi-Instance GPU) on the host's simulated GPUs.
 
-SIMULATED (gpuprov lab). NVIDIA's mock NVML knows MIG mode only, so everything MIG is answered here, in
-nvidia-smi's real syntax and text (``nvidia-smi -mig``, ``-r``, ``nvidia-smi mig -lgip/-lgipp/-lgi/-lci/
--cgi [-C]/-cci/-dci/-dgi``), from per-GPU state kept in the host's run-state (``st["mig"]``, keyed by bus id):
-MIG mode current/pending, the GPU instances (profile id, placement start/size) and their compute instances.
+SIMULATED (gpuprov lab). NVIDIA's mock NVML knows MIG mode only, so MIG is answered here, in nvidia-smi's
+real syntax and text, as far as gpuprov and NVIDIA's nvidia-mig-parted (the lab's front end, migparted.py)
+use it: ``nvidia-smi -mig``, ``-r``, ``nvidia-smi mig -cgi LIST [-C]``, ``-dci``, ``-dgi``. The state is kept
+per GPU in the host's run-state (``st["mig"]``, keyed by bus id): MIG mode current/pending, the GPU
+instances (profile id, placement start/size) and their compute instances. The listings (``-lgip``,
+``-lgipp``, ``-lgi``, ``-lci``) and ``-cci`` are not simulated: nothing in the lab runs them.
 ``nvidia-smi -L`` is still NVIDIA's own binary over the mock NVML; when GPU instances with compute
 instances exist, the front end inserts the MIG device lines the mock cannot produce under their GPU's
 line (:func:`list_with_mig_devices`).
@@ -11,9 +13,9 @@ line (:func:`list_with_mig_devices`).
 Where each behaviour comes from:
 
 - Profile tables: the H200's are the real ``nvidia-smi mig -lgip``/``-lgipp`` of an H200 (driver
-  580.159.04, captured with MIG off: both answer with MIG off); the H100 80GB and A100 80GB tables are
-  NVIDIA's ("Supported MIG Profiles", NVIDIA Multi-Instance GPU User Guide) with the values their
-  ``-lgip`` prints on R580-era drivers. The sim owns these tables; it does not import the product's.
+  580.159.04; a test reads the capture with gpuprov's own parser and compares); the H100 80GB and A100
+  80GB tables are NVIDIA's ("Supported MIG Profiles", NVIDIA Multi-Instance GPU User Guide). This module
+  runs inside lab hosts, where gpuprov's tables cannot be imported.
 - Placement: the driver picks where a GPU instance goes. The published examples (MIG User Guide,
   "Creating GPU Instances", ``-cgi 19,14,5``, ``9,19,14,19``, ``14,19,19,19,19,19``, ``19,19,14,9``) are
   all reproduced by: take the allowed start that leaves the most placements of every profile free,
@@ -41,7 +43,6 @@ from typing import Any
 
 from . import core, kmod
 
-RC_NOT_SUPPORTED = 3
 RC_NO_PERMISSION = 4
 RC_NOT_FOUND = 6
 RC_IN_USE = 19
@@ -65,78 +66,46 @@ class MigError(core.SimError):
 
 @dataclass(frozen=True)
 class GiProfile:
-    """One GPU instance profile, with the values ``nvidia-smi mig -lgip``/``-lgipp`` print for it."""
+    """One GPU instance profile: its name, id, how many instances a GPU holds, where one may start and how
+    many of the 8 memory slots it takes (what ``nvidia-smi mig -lgip``/``-lgipp`` print for it)."""
 
     name: str  # "1g.18gb"
     profile_id: int
-    total: int  # "Instances" Free/Total's total
-    memory_gib: str  # as printed, "16.00"
-    sms: int
-    dec: int
-    enc: int
-    ce: int
-    jpeg: int
-    ofa: int
-    starts: tuple[int, ...]  # placement starts (memory slots)
-    size: int  # memory slots per instance
+    total: int
+    starts: tuple[int, ...]
+    size: int
 
     @property
     def compute(self) -> int:
         return int(self.name.split("g.", 1)[0])
 
 
-def _table(rows: list[tuple[Any, ...]]) -> tuple[GiProfile, ...]:
-    return tuple(GiProfile(*row) for row in rows)
+# The profile ids, counts and placements, which the H200, H100 80GB and A100 80GB share, in the driver's
+# order (-lgip lists profiles in it; instances are sorted by it).
+_LAYOUT = (
+    (19, 7, (0, 1, 2, 3, 4, 5, 6), 1),
+    (20, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+    (15, 4, (0, 2, 4, 6), 2),
+    (14, 3, (0, 2, 4), 2),
+    (9, 2, (0, 4), 4),
+    (5, 1, (0,), 4),
+    (0, 1, (0,), 8),
+)
 
 
-# The order is the driver's (-lgip lists profiles in it; -lgi sorts instances by it).
-_ONE_G = (0, 1, 2, 3, 4, 5, 6)
-# Real `nvidia-smi mig -lgip`/`-lgipp` of an NVIDIA H200 (0x2335), driver 580.159.04
-# (tests/fixtures/hosts/h200-ubuntu2404/nvidia-smi-mig-lgip.txt, -lgipp.txt; the unit tests compare).
-H200 = _table(
-    [
-        ("1g.18gb", 19, 7, "16.00", 16, 1, 0, 1, 1, 0, _ONE_G, 1),
-        ("1g.18gb+me", 20, 1, "16.00", 16, 1, 0, 1, 1, 1, _ONE_G, 1),
-        ("1g.35gb", 15, 4, "32.50", 26, 1, 0, 1, 1, 0, (0, 2, 4, 6), 2),
-        ("2g.35gb", 14, 3, "32.50", 32, 2, 0, 2, 2, 0, (0, 2, 4), 2),
-        ("3g.71gb", 9, 2, "69.75", 60, 3, 0, 3, 3, 0, (0, 4), 4),
-        ("4g.71gb", 5, 1, "69.75", 64, 4, 0, 4, 4, 0, (0,), 4),
-        ("7g.141gb", 0, 1, "140.00", 132, 7, 0, 8, 7, 1, (0,), 8),
-    ]
-)
-# NVIDIA H100 80GB HBM3 (0x2330): the User Guide's H100 80GB profiles (1g.10gb x7, 1g.10gb+me x1,
-# 1g.20gb x4, 2g.20gb x3, 3g.40gb x2, 4g.40gb x1, 7g.80gb x1), ids/placements as for the H200, values as
-# an H100 80GB's `nvidia-smi mig -lgip` prints them.
-H100_80GB = _table(
-    [
-        ("1g.10gb", 19, 7, "9.75", 16, 1, 0, 1, 1, 0, _ONE_G, 1),
-        ("1g.10gb+me", 20, 1, "9.75", 16, 1, 0, 1, 1, 1, _ONE_G, 1),
-        ("1g.20gb", 15, 4, "19.62", 26, 1, 0, 1, 1, 0, (0, 2, 4, 6), 2),
-        ("2g.20gb", 14, 3, "19.62", 32, 2, 0, 2, 2, 0, (0, 2, 4), 2),
-        ("3g.40gb", 9, 2, "39.50", 60, 3, 0, 3, 3, 0, (0, 4), 4),
-        ("4g.40gb", 5, 1, "39.50", 64, 4, 0, 4, 4, 0, (0,), 4),
-        ("7g.80gb", 0, 1, "79.25", 132, 7, 0, 8, 7, 1, (0,), 8),
-    ]
-)
-# NVIDIA A100-SXM4-80GB (0x20B2): the User Guide's A100 table with the 80GB names (1g.10gb x7, 1g.10gb+me
-# x1, 1g.20gb x4, 2g.20gb x3, 3g.40gb x2, 4g.40gb x1, 7g.80gb x1); Ampere has no JPEG/OFA outside +me/7g.
-A100_80GB = _table(
-    [
-        ("1g.10gb", 19, 7, "9.50", 14, 0, 0, 1, 0, 0, _ONE_G, 1),
-        ("1g.10gb+me", 20, 1, "9.50", 14, 1, 0, 1, 1, 1, _ONE_G, 1),
-        ("1g.20gb", 15, 4, "19.50", 14, 1, 0, 1, 0, 0, (0, 2, 4, 6), 2),
-        ("2g.20gb", 14, 3, "19.50", 28, 2, 0, 2, 0, 0, (0, 2, 4), 2),
-        ("3g.40gb", 9, 2, "39.25", 42, 3, 0, 3, 0, 0, (0, 4), 4),
-        ("4g.40gb", 5, 1, "39.25", 56, 4, 0, 4, 0, 0, (0,), 4),
-        ("7g.80gb", 0, 1, "79.00", 98, 5, 0, 7, 1, 1, (0,), 8),
-    ]
-)
+def _table(*names: str) -> tuple[GiProfile, ...]:
+    return tuple(GiProfile(name, *row) for name, row in zip(names, _LAYOUT, strict=True))
+
+
+# NVIDIA H200 (0x2335): the real capture (tests/fixtures/hosts/h200-ubuntu2404/nvidia-smi-mig-lgip*.txt).
+H200 = _table("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
+# NVIDIA H100 80GB HBM3 (0x2330) and A100-SXM4-80GB (0x20B2): the User Guide's 80GB profiles.
+H100_80GB = A100_80GB = _table("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
 # PCI device id → the GPU's profiles; GPUs not listed have no MIG.
 TABLES: dict[int, tuple[GiProfile, ...]] = {0x2335: H200, 0x2330: H100_80GB, 0x20B2: A100_80GB}
 # Compute instance profile id of a full-size compute instance, by compute slices (NVML's
-# NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE), and its placement as -lci shows it.
+# NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE).
 CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
-CI_PLACEMENT_SIZE = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
 
 
 def profiles(g: dict[str, Any]) -> tuple[GiProfile, ...] | None:
@@ -317,143 +286,28 @@ def gi_id(start: int, size: int) -> int:
     return MEMORY_SLOTS // size - 1 + start // size
 
 
-def free_instances(table: tuple[GiProfile, ...], cur: dict[str, Any], p: GiProfile) -> int:
-    """How many more instances of p fit now (-lgip's "Free")."""
-    trial = {"gis": [dict(gi) for gi in cur["gis"]]}
-    n = 0
-    while (start := _choose(table, trial, p)) is not None:
-        trial["gis"].append({"profile": p.profile_id, "start": start, "size": p.size})
-        n += 1
-    return n
-
-
 def _sorted_gis(table: tuple[GiProfile, ...], cur: dict[str, Any]) -> list[dict[str, Any]]:
     """GPU instances in the driver's order: by profile (the table's order), then by id."""
     order = {p.profile_id: i for i, p in enumerate(table)}
     return sorted(cur["gis"], key=lambda gi: (order[gi["profile"]], gi["id"]))
 
 
-# -------------------------------------------------------------------------------------- listings
 
 Indexed = list[tuple[int, dict[str, Any]]]  # (nvidia-smi's GPU index, the GPU)
 
 
-def _capable(gpus: Indexed) -> Indexed:
-    return [(i, g) for i, g in gpus if profiles(g) is not None]
-
-
 def _enabled(st: dict[str, Any], gpus: Indexed) -> Indexed:
-    chosen = [(i, g) for i, g in _capable(gpus) if gpu_state(st, g)["current"]]
+    chosen = [(i, g) for i, g in gpus if profiles(g) is not None and gpu_state(st, g)["current"]]
     if not chosen:
         raise MigError("No MIG-enabled devices found.\n", RC_NOT_FOUND)
     return chosen
-
-
-def list_profiles(st: dict[str, Any], gpus: Indexed) -> str:
-    """``nvidia-smi mig -lgip`` (answers with MIG off too, as the real capture shows)."""
-    capable = _capable(gpus)
-    if not capable:
-        raise MigError("No MIG-supported devices found.\n", RC_NOT_FOUND)
-    border = "+" + "-" * 79 + "+"
-    out = [
-        border,
-        "| GPU instance profiles:                                                        |",
-        "| GPU   Name               ID    Instances   Memory     P2P    SM    DEC   ENC  |",
-        "|                                Free/Total   GiB              CE    JPEG  OFA  |",
-        "|" + "=" * 79 + "|",
-    ]
-    for i, g in capable:
-        table = profiles(g) or ()
-        cur = gpu_state(st, g)
-        for p in table:
-            free = free_instances(table, cur, p) if cur["current"] else p.total
-            name = f"MIG {p.name}"
-            counts = f"{free}/{p.total}"
-            out.append(
-                f"|{i:>4}  {name:<18}{p.profile_id:>4}{counts:>8}{'':8}{p.memory_gib:<11}No{'':5}"
-                f"{p.sms:<7}{p.dec}{'':5}{p.enc}   |"
-            )
-            out.append(f"|{'':62}{p.ce:>2}{'':5}{p.jpeg}{'':5}{p.ofa}   |")
-            out.append(border)
-    return "\n".join(out) + "\n"
-
-
-def list_placements(gpus: Indexed) -> str:
-    """``nvidia-smi mig -lgipp``."""
-    capable = _capable(gpus)
-    if not capable:
-        raise MigError("No MIG-supported devices found.\n", RC_NOT_FOUND)
-    out = []
-    for i, g in capable:
-        for p in profiles(g) or ():
-            word = "Placements" if len(p.starts) > 1 else "Placement "
-            starts = ",".join(str(s) for s in p.starts)
-            out.append(f"GPU {i:>2} Profile ID {p.profile_id:>2} {word}: {{{starts}}}:{p.size}")
-    return "\n".join(out) + "\n"
-
-
-def list_gpu_instances(st: dict[str, Any], gpus: Indexed, gi_ids: set[int] | None) -> str:
-    """``nvidia-smi mig -lgi``."""
-    rows = []
-    for i, g in _enabled(st, gpus):
-        table = profiles(g) or ()
-        for gi in _sorted_gis(table, gpu_state(st, g)):
-            if gi_ids is None or gi["id"] in gi_ids:
-                name = f"MIG {_by_id(table, gi['profile']).name}"
-                place = f"{gi['start']}:{gi['size']}"
-                rows.append(f"|{i:>4}  {name:<20}{gi['profile']:>4}{gi['id']:>9}{place:>13}     |")
-    if not rows:
-        raise MigError("No GPU instances found: Not Found\n", RC_NOT_FOUND)
-    border = "+" + "-" * 57 + "+"
-    out = [
-        border,
-        "| GPU instances:                                          |",
-        "| GPU   Name               Profile  Instance   Placement  |",
-        "|                            ID       ID       Start:Size |",
-        "|" + "=" * 57 + "|",
-    ]
-    for row in rows:
-        out += [row, border]
-    return "\n".join(out) + "\n"
-
-
-def list_compute_instances(
-    st: dict[str, Any], gpus: Indexed, gi_ids: set[int] | None, ci_ids: set[int] | None
-) -> str:
-    """``nvidia-smi mig -lci``."""
-    rows = []
-    for i, g in _enabled(st, gpus):
-        table = profiles(g) or ()
-        for gi in _sorted_gis(table, gpu_state(st, g)):
-            if gi_ids is not None and gi["id"] not in gi_ids:
-                continue
-            name = f"MIG {_by_id(table, gi['profile']).name}"
-            for ci in gi["cis"]:
-                if ci_ids is None or ci["id"] in ci_ids:
-                    place = f"{ci['start']}:{ci['size']}"
-                    ids = f"{ci['profile']:>4}{ci['id']:>10}"
-                    rows.append(f"|{i:>4}{gi['id']:>7}{'':7}{name:<18}{ids}{place:>13}     |")
-    if not rows:
-        raise MigError("No compute instances found: Not Found\n", RC_NOT_FOUND)
-    border = "+" + "-" * 68 + "+"
-    out = [
-        border,
-        "| Compute instances:                                                 |",
-        "| GPU     GPU       Name             Profile   Instance   Placement  |",
-        "|       Instance                       ID        ID       Start:Size |",
-        "|         ID                                                         |",
-        "|" + "=" * 68 + "|",
-    ]
-    for row in rows:
-        out += [row, border]
-    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------------------- create / destroy
 
 
 def _full_ci(p: GiProfile) -> dict[str, Any]:
-    return {"id": 0, "profile": CI_PROFILE[p.compute], "start": 0, "size": CI_PLACEMENT_SIZE[p.compute]}
+    return {"id": 0, "profile": CI_PROFILE[p.compute]}
 
 
 def _ci_line(i: int, gi: dict[str, Any], name: str) -> str:
@@ -522,37 +376,6 @@ def _selected_gis(
             if gi_ids is None or gi["id"] in gi_ids:
                 chosen.append((i, _by_id(table, gi["profile"]), gi, cur))
     return chosen
-
-
-def create_compute_instances(
-    host: core.Host, gpus: Indexed, gi_ids: set[int] | None, tokens: list[str]
-) -> str:
-    """``nvidia-smi mig [-i IDS] [-gi IDS] -cci [LIST]``: the full-size compute instance in each GPU
-    instance (the profile list may name it by id or name; it is the default)."""
-    out: list[str] = []
-    with host.locked() as st:
-        chosen = _selected_gis(st, gpus, gi_ids)
-        if not chosen:
-            raise MigError("No GPU instances found: Not Found\n", RC_NOT_FOUND)
-        for i, p, gi, _cur in chosen:
-            for token in tokens or [str(CI_PROFILE[p.compute])]:
-                full = str(CI_PROFILE[p.compute])
-                ok_token = token.strip() in (full, p.name, f"MIG {p.name}")
-                reason, rc = (
-                    ("Not Supported", RC_NOT_SUPPORTED)
-                    if not ok_token
-                    else ("Insufficient Resources", RC_INSUFFICIENT)
-                )
-                if not ok_token or gi["cis"]:
-                    out += [
-                        f"Unable to create a compute instance on GPU {i:>2} GPU instance ID {gi['id']:>2} "
-                        f"using profile {token.strip()}: {reason}",
-                        f"Failed to create compute instances: {reason}",
-                    ]
-                    raise MigError("\n".join(out) + "\n", rc)
-                gi["cis"].append(_full_ci(p))
-                out.append(_ci_line(i, gi, p.name))
-    return "\n".join(out) + "\n"
 
 
 def destroy_compute_instances(
@@ -635,7 +458,7 @@ def list_with_mig_devices(listing: str, st: dict[str, Any], gpus: Iterable[dict[
 
 @dataclass
 class MigCommand:
-    action: str  # lgip, lgipp, lgi, lci, cgi, cci, dci, dgi
+    action: str  # cgi, dci, dgi
     ids: str | None = None  # -i
     gi_ids: set[int] | None = None
     ci_ids: set[int] | None = None
@@ -644,31 +467,20 @@ class MigCommand:
 
 
 ACTIONS = {
-    "-lgip": "lgip",
-    "--list-gpu-instance-profiles": "lgip",
-    "-lgipp": "lgipp",
-    "--list-gpu-instance-possible-placements": "lgipp",
-    "-lgi": "lgi",
-    "--list-gpu-instances": "lgi",
-    "-lci": "lci",
-    "--list-compute-instances": "lci",
     "-cgi": "cgi",
     "--create-gpu-instance": "cgi",
-    "-cci": "cci",
-    "--create-compute-instance": "cci",
     "-dci": "dci",
     "--destroy-compute-instance": "dci",
     "-dgi": "dgi",
     "--destroy-gpu-instance": "dgi",
 }
 # What a change is called in nvidia-smi's "Failed to ...: <reason>" lines.
-CHANGES = {
-    "cgi": "create GPU instances",
-    "cci": "create compute instances",
-    "dci": "destroy compute instances",
-    "dgi": "destroy GPU instances",
-}
+CHANGES = {"cgi": "create GPU instances", "dci": "destroy compute instances", "dgi": "destroy GPU instances"}
 INVALID = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n\n"
+NOT_SIMULATED = (
+    "-lgip", "--list-gpu-instance-profiles", "-lgipp", "--list-gpu-instance-possible-placements", "-lgi",
+    "--list-gpu-instances", "-lci", "--list-compute-instances", "-cci", "--create-compute-instance",
+)  # fmt: skip
 
 
 def _ids(value: str) -> set[int]:
@@ -686,17 +498,17 @@ def parse_args(argv: list[str]) -> MigCommand:
         a = args.pop(0)
         name, eq, inline = a.partition("=")
         value = inline if eq else None
+        if name in NOT_SIMULATED:
+            raise MigError(f"gpuprov lab: nvidia-smi mig {name} is not simulated\n", RC_ARGS)
         if name in ACTIONS:
             if cmd.action:
                 raise MigError(INVALID, RC_ARGS)
             cmd.action = ACTIONS[name]
-            takes_list = cmd.action == "cgi" or (cmd.action == "cci" and args and not args[0].startswith("-"))
-            if value is None and takes_list and args:
-                value = args.pop(0)
-            if cmd.action == "cgi" and not value:
-                raise MigError(INVALID, RC_ARGS)
-            if value:
+            if cmd.action == "cgi":
+                value = value if value is not None else (args.pop(0) if args else "")
                 cmd.profiles = tuple(v for v in value.split(",") if v.strip())
+                if not cmd.profiles:
+                    raise MigError(INVALID, RC_ARGS)
             continue
         if name in ("-i", "--id", "-gi", "--gpu-instance-id", "-ci", "--compute-instance-id"):
             value = value if value is not None else (args.pop(0) if args else "")
@@ -719,21 +531,10 @@ def parse_args(argv: list[str]) -> MigCommand:
 
 def run(host: core.Host, cmd: MigCommand, gpus: Indexed) -> str:
     """Carry out a parsed ``nvidia-smi mig`` command on the selected GPUs; the text, or MigError."""
-    if cmd.action in ("cgi", "cci", "dci", "dgi"):
-        if _unprivileged(host):
-            raise MigError(f"Failed to {CHANGES[cmd.action]}: Insufficient Permissions\n", RC_NO_PERMISSION)
-        if cmd.action == "cgi":
-            return create_gpu_instances(host, gpus, list(cmd.profiles), cmd.default_ci)
-        if cmd.action == "cci":
-            return create_compute_instances(host, gpus, cmd.gi_ids, list(cmd.profiles))
-        if cmd.action == "dci":
-            return destroy_compute_instances(host, gpus, cmd.gi_ids, cmd.ci_ids)
-        return destroy_gpu_instances(host, gpus, cmd.gi_ids)
-    with host.locked() as st:
-        if cmd.action == "lgip":
-            return list_profiles(st, gpus)
-        if cmd.action == "lgipp":
-            return list_placements(gpus)
-        if cmd.action == "lgi":
-            return list_gpu_instances(st, gpus, cmd.gi_ids)
-        return list_compute_instances(st, gpus, cmd.gi_ids, cmd.ci_ids)
+    if _unprivileged(host):
+        raise MigError(f"Failed to {CHANGES[cmd.action]}: Insufficient Permissions\n", RC_NO_PERMISSION)
+    if cmd.action == "cgi":
+        return create_gpu_instances(host, gpus, list(cmd.profiles), cmd.default_ci)
+    if cmd.action == "dci":
+        return destroy_compute_instances(host, gpus, cmd.gi_ids, cmd.ci_ids)
+    return destroy_gpu_instances(host, gpus, cmd.gi_ids)
