@@ -33,6 +33,7 @@ ROOTFS_PACKAGES = [
     "openssh-server",
     "python3",
     "python3-apt",
+    "python3-yaml",  # the GPU stand-in's nvidia-mig-parted front end reads mig-parted's YAML files
     "sudo",
     "iproute2",
     "iputils-ping",

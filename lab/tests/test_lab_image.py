@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from gpuprov_lab import image
 from gpuprov_lab.sim import nvidia
 
@@ -27,11 +28,13 @@ def host_root(tmp_path: Path) -> Path:
 
 
 def _host_python(root: Path, code: str) -> subprocess.CompletedProcess[str]:
-    """python3 as a lab host runs it: isolated (-I: no PYTHONPATH, no site-packages of the user), with
-    the lab's library directory where the launchers put it."""
+    """python3 as a lab host runs it: nothing of this machine's Python environment but PyYAML (the host
+    image's python3-yaml), and the lab's library directory where the launchers put it."""
     lib = root / image.HOST_LIB.lstrip("/")
+    pyyaml = Path(yaml.__file__).parent.parent
+    path = f"sys.path[:0] = [{str(lib)!r}, {str(pyyaml)!r}]"
     return subprocess.run(
-        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); {code}"],
+        [sys.executable, "-I", "-S", "-c", f"import sys; {path}; {code}"],
         capture_output=True,
         text=True,
         check=False,
@@ -72,7 +75,7 @@ def test_the_dkms_build_check_runs_as_the_makefile_calls_it(host_root: Path) -> 
     lib = host_root / image.HOST_LIB.lstrip("/")
     res = subprocess.run(
         [sys.executable, "-S", "-m", "gpu.dkmsbuild"],
-        env={"PYTHONPATH": str(lib), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": f"{lib}:{Path(yaml.__file__).parent.parent}", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         check=False,

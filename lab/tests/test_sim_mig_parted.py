@@ -265,19 +265,13 @@ def test_parsing_is_the_real_binarys(fx: dict[str, Any]) -> None:
     assert "nvidia-mig-parted" in run(fx, "--help").stdout
 
 
-def test_the_yaml_reader_reads_nvidias_files_as_yaml_does() -> None:
+def test_nvidias_default_configs_select_as_mig_parted_selects_them() -> None:
     from gpuprov_lab.gpu import migparted
 
-    for rel in ("systemd/config-default.yaml", "systemd/hooks-default.yaml", "systemd/hooks-minimal.yaml"):
-        text = vendor.artifact("mig-parted", rel).read_text()
-        assert migparted.load_yaml(text) == yaml.safe_load(text), rel
-    entry = {
-        "device-filter": ["0x233510DE"],
-        "devices": [0, 1],
-        "mig-enabled": True,
-        "mig-devices": {"1g.18gb": 7},
-    }
-    doc = {"version": "v1", "mig-configs": {"a": [entry]}}
-    assert migparted.load_yaml(yaml.safe_dump(doc, indent=2)) == doc
-    with pytest.raises(migparted.YamlError):
-        migparted.load_yaml("a: &anchor 1\n")
+    text = vendor.artifact("mig-parted", "systemd/config-default.yaml").read_text()
+    disabled = migparted.selected_specs(text, "all-disabled")
+    assert disabled and all(not s.mig_enabled and s.devices == "all" for s in disabled)
+    h200 = migparted.selected_specs(text, "all-1g.18gb")
+    assert [(s.devices, s.mig_enabled, s.mig_devices) for s in h200] == [("all", True, {"1g.18gb": 7})]
+    balanced = migparted.selected_specs(text, "all-balanced")
+    assert [s for s in balanced if s.matches(0, H200)] != [s for s in balanced if s.matches(0, "0x20B210DE")]

@@ -2,8 +2,9 @@
 
 SIMULATED (gpuprov lab). NVIDIA's real nvidia-mig-parted v0.15.0 (from the real nvidia-mig-manager
 package, kept at /usr/bin/nvidia-mig-parted.distrib by image-setup.sh's dpkg-divert) reads /proc/modules
-before it touches a GPU (cmd/nvidia-mig-parted/util/nvml.go IsNvidiaModuleLoaded), and lab hosts have
-none, so ``apply``, ``assert`` and ``export`` stop there ("unable to read /proc/modules"). This front end:
+before it touches a GPU (cmd/nvidia-mig-parted/util/nvml.go IsNvidiaModuleLoaded), which most lab hosts
+lack, and past that it needs NVML's MIG calls, which NVIDIA's mock NVML does not have (no MIG devices):
+``apply``, ``assert`` and ``export`` cannot work on the lab's GPUs. This front end:
 
 - hands ``assert --valid-config``, ``--help``/``--version``, ``generate-config``, ``checkpoint`` and
   ``restore`` to the real binary, and has the real binary parse every config file first (``assert
@@ -33,11 +34,10 @@ Semantics follow NVIDIA/mig-parted v0.15.0, cmd/nvidia-mig-parted:
   (iteratePermutationsUntilSuccess) until one fits; "error attempting multiple config orderings: all
   orderings failed".
 - export/export.go, export/config.go: per-GPU specs merged (mergeMigConfigSpecs), label ``current``,
-  YAML (yaml.v2 layout) or JSON (MarshalIndent, two spaces).
+  YAML or JSON (not byte for byte yaml.v2's or encoding/json's layout: nothing reads it but people).
 
-Lab hosts have no PyYAML, so config and hooks files are read by :func:`load_yaml`, which knows the part of
-YAML those files use (block mappings and sequences, flow lists/maps of scalars, quotes, comments) and
-refuses anything else by name; the real binary has validated the file before.
+Config and hooks files are read with PyYAML (the host image has python3-yaml), after the real binary has
+validated them.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml  # the host image's python3-yaml
+
 from . import core
 
 # NVIDIA's binary: the nvidia-mig-manager package's (hosts outside Kubernetes), else the copy every lab
@@ -59,13 +61,14 @@ REAL_PACKAGED = "/usr/bin/nvidia-mig-parted.distrib"
 REAL_IMAGE = "/usr/lib/gpuprov-lab/bin/nvidia-mig-parted.real"
 
 
-def real_path(host: core.Host) -> str:
-    return REAL_PACKAGED if os.access(host.p(REAL_PACKAGED), os.X_OK) else REAL_IMAGE
 # Handed to the real binary as they are.
 REAL_COMMANDS = {"generate-config", "checkpoint", "restore", "help", "h"}
-HOOK_POINTS = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
 QUERY = "index,pci.bus_id,pci.device_id,mig.mode.current,mig.mode.pending"
 RC_NOT_FOUND = 6  # nvidia-smi's exit status for NVML_ERROR_NOT_FOUND (nothing to destroy)
+
+
+def real_path(host: core.Host) -> str:
+    return REAL_PACKAGED if os.access(host.p(REAL_PACKAGED), os.X_OK) else REAL_IMAGE
 
 
 class Fatal(Exception):
@@ -83,167 +86,6 @@ def _log(level: str, msg: str) -> None:
 
 def _capitalize(s: str) -> str:
     return s[:1].upper() + s[1:]
-
-
-# --------------------------------------------------------------------------------------- YAML subset
-
-
-class YamlError(Exception):
-    pass
-
-
-_PLAIN_INT = re.compile(r"^[-+]?[0-9]+$")
-
-
-def _scalar(text: str) -> Any:
-    text = text.strip()
-    if text[:1] == '"':
-        if not text.endswith('"') or len(text) < 2:
-            raise YamlError(f"unterminated string {text!r}")
-        return json.loads(text)
-    if text[:1] == "'":
-        if not text.endswith("'") or len(text) < 2:
-            raise YamlError(f"unterminated string {text!r}")
-        return text[1:-1].replace("''", "'")
-    if text in ("true", "True", "TRUE"):
-        return True
-    if text in ("false", "False", "FALSE"):
-        return False
-    if text in ("", "~", "null", "Null", "NULL"):
-        return None
-    if _PLAIN_INT.match(text):
-        return int(text)
-    if text[:1] in "&*!|>%@`":
-        raise YamlError(f"the lab's reader does not know {text[:1]!r} ({text!r})")
-    return text
-
-
-def _flow(text: str) -> Any:
-    """A flow collection or scalar: [a, "b"], {"1g.5gb": 7}, {}."""
-    pos = 0
-
-    def value() -> Any:
-        nonlocal pos
-        while pos < len(text) and text[pos] == " ":
-            pos += 1
-        if pos < len(text) and text[pos] in "[{":
-            close = "]" if text[pos] == "[" else "}"
-            is_map = text[pos] == "{"
-            pos += 1
-            items: Any = {} if is_map else []
-            while True:
-                while pos < len(text) and text[pos] in " ,":
-                    pos += 1
-                if pos >= len(text):
-                    raise YamlError(f"unterminated flow collection {text!r}")
-                if text[pos] == close:
-                    pos += 1
-                    return items
-                if is_map:
-                    key = value()
-                    while pos < len(text) and text[pos] == " ":
-                        pos += 1
-                    if pos >= len(text) or text[pos] != ":":
-                        raise YamlError(f"expected ':' in {text!r}")
-                    pos += 1
-                    items[str(key)] = value()
-                else:
-                    items.append(value())
-        start = pos
-        if pos < len(text) and text[pos] in "\"'":
-            quote = text[pos]
-            pos += 1
-            while pos < len(text) and text[pos] != quote:
-                pos += 2 if text[pos] == "\\" and quote == '"' else 1
-            pos += 1
-        else:
-            while pos < len(text) and text[pos] not in ",]}:":
-                pos += 1
-        return _scalar(text[start:pos])
-
-    result = value()
-    if text[pos:].strip():
-        raise YamlError(f"unexpected text after a value: {text!r}")
-    return result
-
-
-def _strip_comment(line: str) -> str:
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
-_KEY = re.compile(r"""^("(?:[^"\\]|\\.)*"|'[^']*'|[^"'\[\]{}#:][^:]*?)\s*:(?:\s+(.*)|)$""")
-
-
-def load_yaml(text: str) -> Any:
-    """The YAML subset of mig-parted config and hooks files (see the module docstring)."""
-    lines: list[tuple[int, str]] = []
-    for raw in text.splitlines():
-        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
-            raise YamlError("tab in indentation")
-        content = _strip_comment(raw)
-        if content.strip() and content.strip() not in ("---", "..."):
-            lines.append((len(content) - len(content.lstrip()), content.strip()))
-
-    def block(i: int, indent: int) -> tuple[Any, int]:
-        if lines[i][1].startswith("- ") or lines[i][1] == "-":
-            return sequence(i, indent)
-        return mapping(i, indent)
-
-    def sequence(i: int, indent: int) -> tuple[list[Any], int]:
-        items: list[Any] = []
-        while (
-            i < len(lines) and lines[i][0] == indent and (lines[i][1] == "-" or lines[i][1].startswith("- "))
-        ):
-            rest = lines[i][1][1:].lstrip()
-            if not rest:
-                if i + 1 < len(lines) and lines[i + 1][0] > indent:
-                    value, i = block(i + 1, lines[i + 1][0])
-                else:
-                    value, i = None, i + 1
-            elif _KEY.match(rest) and rest[:1] not in "[{":
-                inner = indent + len(lines[i][1]) - len(rest)
-                lines[i] = (inner, rest)
-                value, i = mapping(i, inner)
-            else:
-                value, i = _flow(rest), i + 1
-            items.append(value)
-        return items, i
-
-    def mapping(i: int, indent: int) -> tuple[dict[str, Any], int]:
-        out: dict[str, Any] = {}
-        while i < len(lines) and lines[i][0] == indent:
-            m = _KEY.match(lines[i][1])
-            if not m:
-                raise YamlError(f"expected 'key: value', got {lines[i][1]!r}")
-            key = str(_scalar(m.group(1)))
-            rest = m.group(2)
-            i += 1
-            if rest:
-                out[key] = _flow(rest)
-            elif i < len(lines) and (
-                lines[i][0] > indent
-                or (lines[i][0] == indent and (lines[i][1] == "-" or lines[i][1].startswith("- ")))
-            ):
-                out[key], i = block(i, lines[i][0])
-            else:
-                out[key] = None
-        return out, i
-
-    if not lines:
-        return None
-    value, end = block(0, lines[0][0])
-    if end != len(lines):
-        raise YamlError(f"unexpected indentation at {lines[end][1]!r}")
-    return value
 
 
 # -------------------------------------------------------------------------------------- arguments
@@ -337,7 +179,7 @@ def _same_device(filter_id: str, device_id: str) -> bool:
 
 
 def selected_specs(text: str, selected: str) -> list[Spec]:
-    doc = load_yaml(text) or {}
+    doc = yaml.safe_load(text) or {}
     configs = doc.get("mig-configs") or {}
     if not selected and len(configs) == 1:
         selected = next(iter(configs))
@@ -567,10 +409,10 @@ def apply(flags: dict[str, Any], config_text: str, debug: bool) -> str:
     if flags["hooks-file"]:
         try:
             with open(flags["hooks-file"], encoding="utf-8") as fh:
-                hooks = (load_yaml(fh.read()) or {}).get("hooks") or {}
+                hooks = (yaml.safe_load(fh) or {}).get("hooks") or {}
         except OSError as exc:
             raise Fatal(f"error parsing hooks file: read error: {exc}") from None
-        except YamlError as exc:
+        except yaml.YAMLError as exc:
             raise Fatal(f"error parsing hooks file: unmarshal error: {exc}") from None
     envs = {
         FLAGS[n].env: (str(flags[n]).lower() if FLAGS[n].boolean else str(flags[n]))
@@ -644,8 +486,8 @@ def export(flags: dict[str, Any]) -> str:
     ]
     spec = {"version": "v1", "mig-configs": {flags["config-label"]: merge_specs(specs)}}
     if fmt == "json":
-        return json.dumps(_sorted_maps(spec), indent=2)
-    return to_yaml(spec)
+        return json.dumps(spec, indent=2)
+    return yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
 
 
 def merge_specs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -674,61 +516,6 @@ def merge_specs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(merged) == 1:
         merged[0]["device-filter"] = None
     return [{k: v for k, v in m.items() if not (k == "device-filter" and not v)} for m in merged]
-
-
-def _sorted_maps(spec: dict[str, Any]) -> dict[str, Any]:
-    """encoding/json writes map keys sorted, struct fields in declaration order."""
-    configs = {}
-    for label in sorted(spec["mig-configs"]):
-        configs[label] = [
-            dict(e, **{"mig-devices": dict(sorted(e["mig-devices"].items()))})
-            for e in spec["mig-configs"][label]
-        ]
-    return {"version": spec["version"], "mig-configs": configs}
-
-
-def _yaml_scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    text = str(value)
-    # yaml.v2 quotes strings that would read back as another type (0x... is an integer in YAML 1.1).
-    if (
-        re.match(r"^(0x[0-9a-fA-F]+|[-+]?[0-9.]+|true|false|null|~|)$", text)
-        or text[:1] in "-?:,[]{}#&*!|>'\"%@`"
-    ):
-        return json.dumps(text)
-    return text
-
-
-def to_yaml(spec: dict[str, Any]) -> str:
-    """yaml.v2 Marshal of v1.Spec: sequences not indented under their key, flow style for devices and
-    device-filter, map keys sorted."""
-    out = [f"version: {spec['version']}", "mig-configs:"]
-    for label in sorted(spec["mig-configs"]):
-        out.append(f"  {_yaml_scalar(label)}:")
-        for e in spec["mig-configs"][label]:
-            lines = []
-            if "device-filter" in e:
-                df = e["device-filter"]
-                flow = (
-                    f"[{', '.join(_yaml_scalar(f) for f in df)}]"
-                    if isinstance(df, list)
-                    else _yaml_scalar(df)
-                )
-                lines.append(f"device-filter: {flow}")
-            dev = e["devices"]
-            lines.append(f"devices: {dev if dev == 'all' else '[' + ', '.join(str(d) for d in dev) + ']'}")
-            lines.append(f"mig-enabled: {_yaml_scalar(e['mig-enabled'])}")
-            if e["mig-devices"]:
-                lines.append("mig-devices:")
-                lines += [f"  {_yaml_scalar(k)}: {v}" for k, v in sorted(e["mig-devices"].items())]
-            else:
-                lines.append("mig-devices: {}")
-            out.append(f"  - {lines[0]}")
-            out += [f"    {line}" for line in lines[1:]]
-    return "\n".join(out) + "\n"
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -795,6 +582,6 @@ def main(prog: str, argv: list[str]) -> int:
         )
         sys.stdout.write(text)
         return 0
-    except (Fatal, YamlError) as exc:
+    except (Fatal, yaml.YAMLError) as exc:
         _log("fatal", _capitalize(str(exc)))
         return 1
