@@ -225,7 +225,6 @@ HOST_LIB = "/usr/lib/gpuprov-lab"
 HOST_TOOLS = {
     "modprobe": "kmod",
     "rmmod": "kmod",
-    "insmod": "kmod",
     "lsmod": "kmod",
     "dmesg": "dmesg",
     "gpuprov-lab-boot": "boot",

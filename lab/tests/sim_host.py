@@ -21,12 +21,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gpuprov_lab.gpu import boot, core, daemons, dcgm, dmesg, kmod, nvcli, smi, watch
+from gpuprov_lab.gpu import boot, core, daemons, dcgm, dmesg, kmod, smi, watch
 from gpuprov_lab.sim import catalog, debs, nvidia, nvml, profiles
 
 from provisioner import probes
 
-__all__ = ["KERNEL", "SimHost", "boot", "core", "daemons", "dcgm", "dmesg", "kmod", "nvcli", "smi", "watch"]
+__all__ = ["KERNEL", "SimHost", "boot", "core", "daemons", "dcgm", "dmesg", "kmod", "smi", "watch"]
 KERNEL = os.uname().release
 DRIVER = "580.159.04"
 

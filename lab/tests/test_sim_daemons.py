@@ -60,14 +60,14 @@ def test_fabric_manager_starts_only_with_nvswitches_and_the_same_driver(
 
 
 def test_dcgmi_needs_the_host_engine(h100: SimHost) -> None:
-    rc, out, _ = h100.run(dcgm.main, "dcgmi", ["discovery", "-l"], dcgm="4.4.1")
+    rc, out, _ = h100.run(dcgm.main, "dcgmi", ["diag", "-r", "1", "-j"], dcgm="4.4.1")
     assert rc == 255 and out.startswith("Error: unable to establish a connection to the specified host")
     hold(h100, "nv-hostengine")
+    rc, out, _ = h100.run(dcgm.main, "dcgmi", ["diag", "-r", "1", "-j"], dcgm="4.4.1")
+    assert rc == dcgm.RC_DIAG_FAILED  # persistence is off: nvidia-persistenced does not run
+    assert {r.gpu for r in probes.parse_dcgm_diag(out)} == set(range(8))
     rc, out, _ = h100.run(dcgm.main, "dcgmi", ["discovery", "-l"], dcgm="4.4.1")
-    assert rc == 0
-    assert out.startswith("8 GPUs found.\n")
-    assert "4 NvSwitches found." in out
-    assert "| 0      | Name: NVIDIA H100 80GB HBM3" in out
+    assert rc == 2 and "not provided by the gpuprov lab" in out
 
 
 def test_diag_fails_on_the_faulty_gpu_and_without_fabric_manager(h100: SimHost) -> None:

@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from . import core, kmod, watch
 
@@ -206,11 +205,3 @@ def main(prog: str, argv: list[str], driver: str = "", **_: str) -> int:
         return fabricmanager(host, argv, driver)
     sys.stderr.write(f"gpuprov lab daemons: unknown program {prog}\n")
     return 2
-
-
-def pid_of(host: core.Host, pidfile: str) -> int | None:
-    try:
-        pid = int(Path(host.p(pidfile)).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if core.pid_alive(pid) else None

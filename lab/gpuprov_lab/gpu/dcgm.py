@@ -1,11 +1,10 @@
 """Part of the gpuprov lab simulation: DCGM's nv-hostengine and dcgmi.
 
-nv-hostengine runs in the foreground (-n, as nvidia-dcgm.service starts it) or daemonizes, and holds
-the NVIDIA device files like the real one. dcgmi talks to it: ``discovery -l`` lists the simulated GPUs
-and NVSwitches in the real table layout, ``diag -r 1 [-j]`` runs the level-1 (deployment) checks and
-reports per GPU in DCGM 4's JSON shape, failing where the host's faults say the real one would
-(pending or failed row remaps, uncorrectable ECC errors, persistence off, fabric manager not running on
-an NVSwitch system).
+nv-hostengine runs in the foreground (-n, as nvidia-dcgm.service starts it) and holds the NVIDIA device
+files like the real one. dcgmi talks to it: ``diag -r 1 -j`` (what gpuprov's verification runs) does the
+level-1 (deployment) checks and reports per GPU in DCGM 4's JSON shape, failing where the host's faults
+say the real one would (pending or failed row remaps, uncorrectable ECC errors, persistence off, fabric
+manager not running on an NVSwitch system). Nothing else of DCGM is simulated: nothing in the lab runs it.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import sys
 import time
 from typing import Any
 
-from . import core, daemons, kmod, smi, watch
+from . import core, kmod, smi, watch
 
-HOSTENGINE_PID = "/var/run/nvhostengine.pid"
 PLUGINS = "/usr/libexec/datacenter-gpu-manager-4/plugins"
 NO_HOSTENGINE = (
     "Error: unable to establish a connection to the specified host: localhost\n"
@@ -38,16 +36,9 @@ def hostengine(host: core.Host, argv: list[str], version: str) -> int:
     if "--version" in argv or "-v" in argv:
         sys.stdout.write(f"Version : {version}\nBuild ID : 24\nBuild Date : 2025-10-02\n")
         return 0
-    if "-t" in argv or "--term" in argv:
-        pid = daemons.pid_of(host, HOSTENGINE_PID)
-        st = host.state()
-        pid = pid or kmod.users(st).get("nv-hostengine")
-        if pid:
-            os.kill(int(pid), signal.SIGTERM)
-            sys.stdout.write("Host engine successfully terminated.\n")
-            return 0
-        sys.stdout.write("Unable to terminate host engine.\n")
-        return 1
+    if "-n" not in argv and "--no-daemon" not in argv:
+        sys.stderr.write("nv-hostengine: the gpuprov lab runs it in the foreground only (-n)\n")
+        return 2
     if hostengine_running(host):
         sys.stderr.write("Err: Failed to start DCGM Server: -7\n")
         return 1
@@ -58,66 +49,25 @@ def hostengine(host: core.Host, argv: list[str], version: str) -> int:
         )
         return 1
 
-    def run() -> None:
-        with host.locked() as st:
-            kmod.users(st)
-            st["users"]["nv-hostengine"] = os.getpid()
-            kmod.render(host, st)
-
-    def stop() -> None:
+    def terminate(_sig: int, _frame: object) -> None:
         with host.locked() as st:
             st["users"].pop("nv-hostengine", None)
             kmod.render(host, st)
+        sys.exit(0)
 
-    if "-n" in argv or "--no-daemon" in argv:
-
-        def terminate(_sig: int, _frame: object) -> None:
-            stop()
-            sys.exit(0)
-
-        signal.signal(signal.SIGTERM, terminate)
-        signal.signal(signal.SIGINT, terminate)
-        run()
-        sys.stdout.write(f"Started host engine version {version} using port number: 5555 \n")
-        sys.stdout.flush()
-        while True:
-            time.sleep(3600)
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    with host.locked() as st:
+        kmod.users(st)
+        st["users"]["nv-hostengine"] = os.getpid()
+        kmod.render(host, st)
     sys.stdout.write(f"Started host engine version {version} using port number: 5555 \n")
     sys.stdout.flush()
-    return daemons._daemonize(host, HOSTENGINE_PID, run, stop)
+    while True:
+        time.sleep(3600)
 
 
 # ------------------------------------------------------------------------------------------- dcgmi
-
-
-def _box(rows: list[tuple[str, str]], head: tuple[str, str]) -> list[str]:
-    line = "+--------+----------------------------------------------------------------------+"
-    out = [line, f"| {head[0]:<6} | {head[1]:<68} |", line]
-    for a, b in rows:
-        out.append(f"| {a:<6} | {b:<68} |")
-    out.append(line)
-    return out
-
-
-def discovery(host: core.Host, st: dict[str, Any]) -> str:
-    gpus = smi.visible(host, st)
-    out = [f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} found."]
-    rows: list[tuple[str, str]] = []
-    for i, g in enumerate(gpus):
-        rows += [
-            (str(i), f"Name: {g['name']}"),
-            ("", f"PCI Bus ID: {g['bus_id']}"),
-            ("", f"Device UUID: {g['uuid']}"),
-        ]
-    out += _box(rows, ("GPU ID", "Device Information"))
-    switches = host.nvswitches()
-    out.append(f"{len(switches)} NvSwitch{'es' if len(switches) != 1 else ''} found.")
-    out += ["+-----------+", "| Switch ID |", "+-----------+"]
-    out += [f"| {1000 + s['index']:<9} |" for s in switches]
-    out.append("+-----------+")
-    out.append("0 CPUs found.")
-    out += _box([], ("CPU ID", "Device Information"))
-    return "\n".join(out) + "\n"
 
 
 def _result(gpu: int, status: str, warning: str | None = None, error_id: int = 0) -> dict[str, Any]:
@@ -235,27 +185,6 @@ def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, 
     }
 
 
-def diag_text(doc: dict[str, Any]) -> str:
-    out = [
-        "Successfully ran diagnostic for group.",
-        "+---------------------------+------------------------------------------------+",
-        "| Diagnostic                | Result                                         |",
-        "+===========================+================================================+",
-        "|-----  Metadata  ----------+------------------------------------------------|",
-        f"| DCGM Version              | {doc['metadata']['DCGM Version']:<46} |",
-        f"| Driver Version Detected   | {doc['metadata']['Driver Version Detected']:<46} |",
-        f"| GPU Device IDs Detected   | {','.join(doc['metadata']['GPU Device IDs']):<46} |",
-        "|-----  Deployment  --------+------------------------------------------------|",
-    ]
-    for test in doc["DCGM Diagnostic"]["test_categories"][0]["tests"]:
-        out.append(f"| {test['name'].replace('_', ' ').title():<25} | {test['test_summary']['status']:<46} |")
-        for r in test["results"]:
-            for w in r.get("warnings", []):
-                out.append(f"| {'':<25} | GPU{r['entity_id']}: {w['warning'][:40]:<41} |")
-    out.append("+---------------------------+------------------------------------------------+")
-    return "\n".join(out) + "\n"
-
-
 def dcgmi(host: core.Host, argv: list[str], version: str) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(f"dcgmi -- Interface to the Data Center GPU Manager ({core.SIMULATED})\n")
@@ -269,10 +198,7 @@ def dcgmi(host: core.Host, argv: list[str], version: str) -> int:
     watch.sync(host)
     st = host.state()
     cmd = argv[0]
-    if cmd == "discovery" and ("-l" in argv or "--list" in argv):
-        sys.stdout.write(discovery(host, st))
-        return 0
-    if cmd == "diag":
+    if cmd == "diag" and ("-j" in argv or "--json" in argv):
         level = "1"
         for i, a in enumerate(argv):
             if a in ("-r", "--run") and i + 1 < len(argv):
@@ -295,11 +221,9 @@ def dcgmi(host: core.Host, argv: list[str], version: str) -> int:
             t["test_summary"]["status"] == "Fail"
             for t in doc["DCGM Diagnostic"]["test_categories"][0]["tests"]
         )
-        sys.stdout.write(
-            json.dumps(doc, indent=4) + "\n" if ("-j" in argv or "--json" in argv) else diag_text(doc)
-        )
+        sys.stdout.write(json.dumps(doc, indent=4) + "\n")
         return RC_DIAG_FAILED if failed else 0
-    sys.stdout.write(f"dcgmi {cmd}: not provided by the gpuprov lab ({core.SIMULATED})\n")
+    sys.stdout.write(f"dcgmi {' '.join(argv)}: not provided by the gpuprov lab (only diag -j is)\n")
     return 2
 
 

@@ -4,7 +4,7 @@ The lab's containers share the controller's kernel, which has no NVIDIA module (
 support at all). This module keeps the simulated kernel's module list in the run-time state and renders
 what a real kernel shows from it: /proc/modules (bind-mounted when the kernel has that file),
 /sys/module/<name>, /proc/driver/nvidia, the driver links of the GPUs in /sys/bus/pci/devices, the
-/dev/nvidia* nodes and this boot's kernel log. ``modprobe``, ``rmmod``, ``insmod``, ``lsmod`` and
+/dev/nvidia* nodes and this boot's kernel log. ``modprobe``, ``rmmod``, ``lsmod`` and
 ``nvidia-modprobe`` are served from here for nvidia*/nouveau and handed to the real kmod otherwise.
 
 Modules are "loaded" from the files the DKMS packages installed (/lib/modules/$(uname -r)/updates/dkms),
@@ -182,31 +182,24 @@ def _arch_rank(arch: str) -> int:
 # -------------------------------------------------------------------------------------------- load
 
 
-def load(host: core.Host, name: str, prog: str = "modprobe", with_deps: bool = True) -> list[str]:
+def load(host: core.Host, name: str, prog: str = "modprobe") -> list[str]:
     """Load a simulated module (and what it depends on); return the names newly loaded."""
     done: list[str] = []
     with host.locked() as st:
-        _load(host, st, canonical(name), prog, with_deps, done)
+        _load(host, st, canonical(name), prog, done)
         render(host, st)
     return done
 
 
 def _load(
-    host: core.Host, st: dict[str, Any], name: str, prog: str, with_deps: bool, done: list[str]
+    host: core.Host, st: dict[str, Any], name: str, prog: str, done: list[str]
 ) -> None:
     if loaded(st, name):
-        if prog == "insmod":
-            raise KmodError(f"insmod: ERROR: could not insert module {name}: File exists")
         return
     size_open, size_prop, deps = MODULES[name]
     for dep in deps:
         if not loaded(st, dep):
-            if not with_deps:
-                raise KmodError(
-                    f"insmod: ERROR: could not insert module {name}: Unknown symbol in module",
-                    1,
-                )
-            _load(host, st, dep, prog, with_deps, done)
+            _load(host, st, dep, prog, done)
     kernel = host.kernel_release()
     if name == "nouveau":
         entry = {"name": name, "version": "", "flavour": "in-tree", "size": size_open, "deps": []}
@@ -722,17 +715,6 @@ def rmmod(host: core.Host, argv: list[str]) -> int:
     return rc
 
 
-def insmod(host: core.Host, argv: list[str]) -> int:
-    files = [a for a in argv if not a.startswith("-")]
-    if not files or not is_sim(files[0]):
-        return _exec_real("insmod", argv)
-    try:
-        load(host, Path(files[0]).name.removesuffix(".ko"), "insmod", with_deps=False)
-    except core.SimError as exc:
-        return _report(exc)
-    return 0
-
-
 def lsmod_text(host: core.Host) -> str:
     text = host.run_dir().joinpath("proc-modules")
     try:
@@ -788,8 +770,6 @@ def main(prog: str, argv: list[str], driver: str = "", **_: str) -> int:
         return modprobe(host, argv)
     if prog == "rmmod":
         return rmmod(host, argv)
-    if prog == "insmod":
-        return insmod(host, argv)
     if prog == "lsmod":
         sys.stdout.write(lsmod_text(host))
         return 0

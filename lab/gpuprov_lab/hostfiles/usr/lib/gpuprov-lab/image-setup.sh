@@ -14,10 +14,9 @@ divert() {
   ln -sf "$2" "$1"
 }
 
-# kmod: modprobe/rmmod/insmod hand everything that is not nvidia*/nouveau to the real /bin/kmod.
+# kmod: modprobe/rmmod hand everything that is not nvidia*/nouveau to the real /bin/kmod.
 divert /sbin/modprobe "$BIN/modprobe"
 divert /sbin/rmmod "$BIN/rmmod"
-divert /sbin/insmod "$BIN/insmod"
 divert /sbin/lsmod "$BIN/lsmod"
 divert /bin/lsmod "$BIN/lsmod"
 # util-linux: the machine's kernel log must not show inside a lab host.
