@@ -53,7 +53,6 @@ def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
                 "gpuprov_mirror_key_fingerprint": key.fingerprint,
                 "gpuprov_registry_mirror_url": f"http://{st.gateway}:{registry.PORT}",
                 "lab_name": st.name,
-                **_flannel_checksum(st),
                 **_mig_manager_checksum(st),
                 **kubernetes_settings(f"{st.gateway}:{registry.PORT}"),
             },
@@ -226,16 +225,6 @@ def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> 
             "migManager": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
         },
     }
-
-
-def _flannel_checksum(st: LabState) -> dict[str, str]:
-    """The lab mirror serves its own kube-flannel.yml, not upstream's bytes: pin the served file's checksum
-    (as a site whose mirror holds a patched manifest would) so the kubernetes role's check passes."""
-    served = sorted(Path(st.mirror_dir).glob("flannel/v*/kube-flannel.yml")) if st.mirror_dir else []
-    if len(served) != 1:
-        return {}
-    digest = hashlib.sha256(served[0].read_bytes()).hexdigest()
-    return {"kubernetes_flannel_manifest_checksum": f"sha256:{digest}"}
 
 
 def _mig_manager_checksum(st: LabState) -> dict[str, str]:
