@@ -82,7 +82,6 @@ def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ip
             f"--mirror-port {req.mirror_port}: lab {req.lab!r} serves its mirror on {existing.mirror_port} "
             f"(gpuprov lab down --lab {req.lab} first)"
         )
-    plan.known_profiles()  # the hardware emulation must load before anything is made
     profiles = plan.parse_profiles(req.profiles)
     if req.hosts is not None:
         count = req.hosts

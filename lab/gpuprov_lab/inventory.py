@@ -3,6 +3,7 @@ key checking on, the mirror knobs, and per host the lab profile (for tests only)
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -113,67 +114,23 @@ def node_feature_labels(debian_version: str) -> dict[str, str]:
     }
 
 
-NODE_FEATURES = "gpuprov-lab-node-features"
-NODE_FEATURES_SCRIPT = Path(__file__).resolve().parent / "kube" / "files" / "node-features.sh"
+NODE_FEATURES = Path(__file__).resolve().parent / "kube" / "files" / "node-features"
 
 
 def node_features_objects(namespace: str, image: str) -> list[dict[str, Any]]:
-    """The stand-in for NFD's master (kube/files/node-features.sh, SIMULATED): one pod that puts the
-    labels GPU feature discovery publishes (NodeFeature objects) on their nodes, with a service account
-    allowed to do just that."""
-    meta = {"name": NODE_FEATURES, "labels": {"app": NODE_FEATURES, "gpuprov.io/lab": "simulated"}}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": namespace}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta,
-            "rules": [
-                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "update"]},
-                {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"], "verbs": ["get", "list"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": NODE_FEATURES,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": NODE_FEATURES, "namespace": namespace}],
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {**meta, "namespace": namespace},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": NODE_FEATURES}},
-                "template": {
-                    "metadata": {"labels": {"app": NODE_FEATURES}},
-                    "spec": {
-                        "serviceAccountName": NODE_FEATURES,
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [
-                            {
-                                "name": "node-features",
-                                "image": image,
-                                "command": ["sh", "-c", NODE_FEATURES_SCRIPT.read_text()],
-                                "env": [
-                                    {
-                                        "name": "NAMESPACE",
-                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-                                    }
-                                ],
-                            }
-                        ],
-                    },
-                },
-            },
-        },
-    ]
+    """The stand-in for NFD's master (kube/files/node-features.yaml and .sh, SIMULATED), in the namespace
+    the chart installs into, run from the lab's tools image."""
+    # Each object gets its own copy of the shared metadata (the YAML's anchor): some get a namespace.
+    docs = copy.deepcopy(yaml.safe_load(NODE_FEATURES.with_suffix(".yaml").read_text()))
+    for doc in docs:
+        doc["metadata"] = copy.deepcopy(doc["metadata"])
+        if doc["kind"] in ("ServiceAccount", "Deployment"):
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            container.update(image=image, command=["sh", "-c", NODE_FEATURES.with_suffix(".sh").read_text()])
+    return docs
 
 
 # Where the operands see the mock NVML's configuration of their host (gpu/kmod.py OPERAND_NVML).

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from gpuprov_lab import debian, faults, fleet, mirror, plan, runc_capfilter, vendor
 from gpuprov_lab.engine import docker_cli
+from gpuprov_lab.sim import profiles as sim_profiles
 from gpuprov_lab.state import LabState
 from gpuprov_lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
@@ -207,7 +208,7 @@ def test_inventory_groups_hosts_and_points_at_the_lab_mirror(lab: Lab) -> None:
     assert v["ansible_user"] == "root"
     assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
     assert lab.hosts["cp1"].gpu_count == 0
-    profiles = plan.sim_profiles().PROFILES
+    profiles = sim_profiles.PROFILES
     for name in ("gpu1", "gpu2", "gpu3"):
         h = lab.hosts[name]
         assert h.profile == plan.DEFAULT_WORKER_PROFILES[int(name[3:]) - 1]
