@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from gpuprov_lab import debian, engine, image, keys, paths, state  # noqa: E402
-from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from labkit import gpuprov, unique_lab_name  # noqa: E402
 
 TARGET_UP_S = 30.0
 TARGET_SCRATCH_S = 480.0

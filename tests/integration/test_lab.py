@@ -20,7 +20,7 @@ from gpuprov_lab import debian, faults, fleet, mirror, plan, runc_capfilter, ven
 from gpuprov_lab.engine import docker_cli
 from gpuprov_lab.sim import profiles as sim_profiles
 from gpuprov_lab.state import LabState
-from gpuprov_lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
+from labkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 from provisioner.errors import InputError
 

@@ -1,6 +1,6 @@
 """Helpers for tests that drive a lab through the real CLI: running ``gpuprov``, reading a lab back from
 its inventory, and SSH to its hosts with host key checking on. Used by tests/conftest.py (the session
-lab fixture) and by tests that bring up labs of their own.
+lab fixture), by tests that bring up labs of their own and by the benchmarks.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 # cp1 and one GPU host of each containerd generation (the default lab).
 LAB_HOSTS = 4
 
