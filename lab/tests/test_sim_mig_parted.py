@@ -1,5 +1,5 @@
-"""The lab's SIMULATED nvidia-mig-parted front end (gpuprov_lab/gpu/migparted.py) against a fake nvidia-smi
-that keeps MIG state in a JSON file, with NVIDIA's real nvidia-mig-parted behind it for parsing."""
+"""The lab's SIMULATED nvidia-mig-parted front end (gpuprov_lab/gpu/migparted.py) on a simulated host with two
+H200s, with NVIDIA's real nvidia-mig-parted behind it for parsing."""
 
 from __future__ import annotations
 
@@ -14,63 +14,11 @@ from typing import Any
 import pytest
 import yaml
 from gpuprov_lab import vendor
+from gpuprov_lab.gpu import core, mig, migparted
+from sim_host import SimHost
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = "0x233510DE"
-
-# nvidia-smi's syntax for what the front end uses; one H200-like GPU per entry of $FAKE_SMI_STATE.
-FAKE_SMI = textwrap.dedent(
-    """\
-    #!/usr/bin/env python3
-    import json, os, sys
-    path = os.environ["FAKE_SMI_STATE"]
-    st = json.load(open(path))
-    with open(path + ".log", "a") as log:
-        log.write(" ".join(sys.argv[1:]) + "\\n")
-    a = sys.argv[1:]
-    def save():
-        json.dump(st, open(path, "w"))
-    def gpu_ids():
-        return [int(a[a.index("-i") + 1])] if "-i" in a else range(len(st["gpus"]))
-    if a[0].startswith("--query-gpu="):
-        for i, g in enumerate(st["gpus"]):
-            mode = ("Enabled" if g["mig"] else "Disabled") if g["capable"] else "[N/A]"
-            print(f"{i}, 00000000:{i + 0x18:02X}:00.0, {g['id']}, {mode}, {mode}")
-    elif a == ["-L"]:
-        for i, g in enumerate(st["gpus"]):
-            print(f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})")
-            for n, p in enumerate(g["gis"]):
-                print(f"  MIG {p:<11} Device {n:>2}: (UUID: MIG-{i}-{n})")
-    elif "-mig" in a:
-        for i in gpu_ids():
-            if st["gpus"][i]["gis"] and a[a.index("-mig") + 1] == "0":
-                print("Unable to disable MIG Mode: In use by another client"); sys.exit(19)
-            st["gpus"][i]["mig"] = a[a.index("-mig") + 1] == "1"
-        save(); print("All done.")
-    elif a[0] == "mig" and "-cgi" in a:
-        for i in gpu_ids():
-            g = st["gpus"][i]
-            for p in a[a.index("-cgi") + 1].split(","):
-                used = sum(int(x.split("g.")[0]) for x in g["gis"])
-                if not g["gis"] and p == st.get("refuse_first"):  # a placement the driver refuses
-                    save(); print(f"Unable to create a GPU instance on GPU {i} using profile {p}")
-                    sys.exit(23)
-                if not g["mig"] or used + int(p.split("g.")[0]) > 7 or p not in st["profiles"]:
-                    save(); print(f"Unable to create a GPU instance on GPU {i} using profile {p}")
-                    sys.exit(23)
-                g["gis"].append(p)
-        save()
-    elif a[0] == "mig" and ("-dci" in a or "-dgi" in a):
-        if not any(st["gpus"][i]["gis"] for i in gpu_ids()):
-            print("No GPU instances found: Not Found"); sys.exit(6)
-        if "-dgi" in a:
-            for i in gpu_ids():
-                st["gpus"][i]["gis"] = []
-        save()
-    else:
-        print("Invalid combination of input arguments."); sys.exit(2)
-    """
-)
 
 CONFIG = textwrap.dedent(
     """\
@@ -97,22 +45,23 @@ CONFIG = textwrap.dedent(
 
 @pytest.fixture
 def fx(tmp_path: Path) -> dict[str, Any]:
-    real = vendor.mig_parted()
-    sim_root = tmp_path / "root"
-    distrib = sim_root / "usr" / "bin" / "nvidia-mig-parted.distrib"
-    distrib.parent.mkdir(parents=True)
-    distrib.symlink_to(real)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    smi = bindir / "nvidia-smi"
-    smi.write_text(FAKE_SMI.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
-    smi.chmod(0o755)
-    state = tmp_path / "smi.json"
-    gpus = [{"id": H200, "capable": True, "mig": False, "gis": []} for _ in range(2)]
-    state.write_text(json.dumps({"gpus": gpus, "profiles": ["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]}))
+    """A lab host with two H200s (the h200 profile's GPU twice), the driver loaded, NVIDIA's binary where
+    the nvidia-mig-manager package puts it."""
+    host = SimHost(tmp_path / "root", "h200")
+    profile = host.root / "etc/gpuprov-lab/profile.json"
+    doc = json.loads(profile.read_text())
+    address, uuid = "0000:00:07.0", "GPU-00000000-0000-0000-0000-000000000007"
+    doc["gpus"].append({**doc["gpus"][0], "index": 1, "minor_number": 1, "pci_address": address,
+                        "bus_id": "00000000:00:07.0", "uuid": uuid, "serial": "1650000000007"})  # fmt: skip
+    profile.write_text(json.dumps(doc))
+    host.host = core.Host(host.root)
+    host.driver()
+    distrib = host.root / "usr" / "bin" / "nvidia-mig-parted.distrib"
+    distrib.parent.mkdir(parents=True, exist_ok=True)
+    distrib.symlink_to(vendor.mig_parted())
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG)
-    return {"tmp": tmp_path, "root": sim_root, "bin": bindir, "state": state, "config": config}
+    return {"tmp": tmp_path, "host": host, "config": config}
 
 
 def run(
@@ -123,14 +72,19 @@ def run(
         "sys.exit(migparted.main('nvidia-mig-parted', sys.argv[1:]))"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("MIG_PARTED_")}
-    full = {**base, "PATH": f"{fx['bin']}:/usr/bin:/bin", "GPUPROV_SIM_ROOT": str(fx["root"]),
-            "FAKE_SMI_STATE": str(fx["state"]), **(env or {})}  # fmt: skip
+    full = {**base, "GPUPROV_SIM_ROOT": str(fx["host"].root), **(env or {})}
     return subprocess.run([sys.executable, "-c", code, *args], env=full, input=stdin, capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
 
 
-def gpu_state(fx: dict[str, Any]) -> list[dict[str, Any]]:
-    return json.loads(fx["state"].read_text())["gpus"]
+def gpu_state(fx: dict[str, Any]) -> list[tuple[bool, list[str]]]:
+    """(MIG mode on, its MIG devices' profiles) of each GPU."""
+    host = fx["host"].host
+    st = host.state()
+    return [
+        (mig.gpu_state(st, g)["current"], sorted(name for name, _ in mig.mig_devices(st, g)))
+        for g in host.gpus()
+    ]
 
 
 def test_apply_then_assert_and_export(fx: dict[str, Any]) -> None:
@@ -141,7 +95,7 @@ def test_apply_then_assert_and_export(fx: dict[str, Any]) -> None:
     res = run(fx, "apply", "-f", str(fx["config"]), "-c", "all-1g.18gb")
     assert res.returncode == 0, res.stderr
     assert res.stdout == "MIG configuration applied successfully\n"
-    assert [g["gis"] for g in gpu_state(fx)] == [["1g.18gb"] * 7, ["1g.18gb"] * 7]
+    assert gpu_state(fx) == [(True, ["1g.18gb"] * 7), (True, ["1g.18gb"] * 7)]
 
     res = run(fx, "assert", env={"MIG_PARTED_CONFIG_FILE": str(fx["config"]),
                                   "MIG_PARTED_SELECTED_CONFIG": "all-1g.18gb"})  # fmt: skip
@@ -155,20 +109,15 @@ def test_apply_then_assert_and_export(fx: dict[str, Any]) -> None:
     }
     as_json = json.loads(run(fx, "export", "-o", "json", "-l", "now").stdout)
     assert as_json["mig-configs"]["now"][0]["mig-devices"] == {"1g.18gb": 7}
-
-    # A second apply finds nothing to change: no mode change, no instance touched.
-    log = Path(str(fx["state"]) + ".log")
-    log.write_text("")
+    # A second apply finds nothing to change (the hooks test shows no change is attempted).
     assert run(fx, "apply", "-f", str(fx["config"]), "-c", "all-1g.18gb").returncode == 0
-    assert not any(" -mig " in f" {line} " or "-cgi" in line for line in log.read_text().splitlines())
+    assert gpu_state(fx) == [(True, ["1g.18gb"] * 7), (True, ["1g.18gb"] * 7)]
 
 
 def test_mixed_layout_per_gpu_fits_by_trying_orderings_and_export_splits_it(fx: dict[str, Any]) -> None:
     res = run(fx, "apply", "-f", str(fx["config"]), "-c", "mixed")
     assert res.returncode == 0, res.stderr
-    first, second = gpu_state(fx)
-    assert sorted(first["gis"]) == ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"] and first["mig"]
-    assert second == {"id": H200, "capable": True, "mig": False, "gis": []}
+    assert gpu_state(fx) == [(True, ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"]), (False, [])]
     exported = yaml.safe_load(run(fx, "export").stdout)["mig-configs"]["current"]
     assert exported == [
         {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}},
@@ -176,17 +125,29 @@ def test_mixed_layout_per_gpu_fits_by_trying_orderings_and_export_splits_it(fx: 
     ]
     # Back to disabled: instances are cleared before the mode change (apply/mode.go).
     assert run(fx, "apply", "-f", str(fx["config"]), "-c", "all-disabled").returncode == 0
-    assert [(g["mig"], g["gis"]) for g in gpu_state(fx)] == [(False, []), (False, [])]
+    assert gpu_state(fx) == [(False, []), (False, [])]
 
 
-def test_when_one_ordering_does_not_fit_the_next_is_tried(fx: dict[str, Any]) -> None:
-    state = json.loads(fx["state"].read_text())
-    fx["state"].write_text(json.dumps({**state, "refuse_first": "3g.71gb"}))
-    res = run(fx, "apply", "-f", str(fx["config"]), "-c", "mixed")
-    assert res.returncode == 0, res.stderr
-    assert "level=error" in res.stderr  # the failed ordering is logged, as SetMigConfig does
-    first = gpu_state(fx)[0]["gis"]
-    assert first[0] != "3g.71gb" and sorted(first) == ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"]
+def test_when_one_ordering_does_not_fit_the_next_is_tried(
+    fx: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver refuses the first ordering (as it may, where Go's map order tries another first)."""
+    monkeypatch.setenv("GPUPROV_SIM_ROOT", str(fx["host"].root))
+    tried: list[list[str]] = []
+    create = mig.create_gpu_instances
+
+    def refuse_the_first(host: core.Host, gpus: Any, tokens: list[str], with_ci: bool) -> str:
+        tried.append(list(tokens))
+        if len(tried) == 1:
+            raise mig.MigError("Failed to create GPU instances: Insufficient Resources\n", 23)
+        return create(host, gpus, tokens, with_ci)
+
+    monkeypatch.setattr(mig, "create_gpu_instances", refuse_the_first)
+    assert fx["host"].smi("-i", "0", "-mig", "1")[0] == 0
+    migparted.set_config(migparted.gpus()[0], {"1g.18gb": 2, "3g.71gb": 1, "2g.35gb": 1})
+    assert "level=error" in capsys.readouterr().err  # the failed ordering is logged, as SetMigConfig does
+    assert len(tried) == 2 and tried[0] != tried[1]
+    assert gpu_state(fx)[0] == (True, ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"])
 
 
 def test_a_layout_that_never_fits_fails_like_mig_parted(fx: dict[str, Any]) -> None:
@@ -199,7 +160,7 @@ def test_a_layout_that_never_fits_fails_like_mig_parted(fx: dict[str, Any]) -> N
         "Error applying MIG configuration with hooks: "
         "error attempting multiple config orderings: all orderings failed" in res.stderr
     )
-    assert [g["gis"] for g in gpu_state(fx)] == [[], []]  # cleared after the last failure
+    assert gpu_state(fx) == [(True, []), (True, [])]  # cleared after the last failure
 
 
 def test_hooks_run_at_their_points_with_only_the_flag_environment(fx: dict[str, Any]) -> None:
@@ -249,7 +210,7 @@ def test_a_failing_hook_stops_apply_but_apply_exit_still_runs(fx: dict[str, Any]
         in res.stderr
     )
     assert record.read_text() == "ran\n"
-    assert [g["mig"] for g in gpu_state(fx)] == [False, False]
+    assert [on for on, _ in gpu_state(fx)] == [False, False]
 
 
 def test_parsing_is_the_real_binarys(fx: dict[str, Any]) -> None:
@@ -266,8 +227,6 @@ def test_parsing_is_the_real_binarys(fx: dict[str, Any]) -> None:
 
 
 def test_nvidias_default_configs_select_as_mig_parted_selects_them() -> None:
-    from gpuprov_lab.gpu import migparted
-
     text = vendor.artifact("mig-parted", "systemd/config-default.yaml").read_text()
     disabled = migparted.selected_specs(text, "all-disabled")
     assert disabled and all(not s.mig_enabled and s.devices == "all" for s in disabled)

@@ -9,12 +9,11 @@ lack, and past that it needs NVML's MIG calls, which NVIDIA's mock NVML does not
 - hands ``assert --valid-config``, ``--help``/``--version``, ``generate-config``, ``checkpoint`` and
   ``restore`` to the real binary, and has the real binary parse every config file first (``assert
   --valid-config``), so parse and selection errors are NVIDIA's own;
-- carries out ``apply``/``assert``/``export`` itself against the host's simulated GPUs, through nvidia-smi's
-  real syntax, as mig-parted's NVML calls would: ``nvidia-smi --query-gpu=index,pci.bus_id,pci.device_id,
-  mig.mode.current,mig.mode.pending`` for the GPUs, ``nvidia-smi -i N -mig 1|0`` for the mode,
-  ``nvidia-smi -L`` for the MIG devices, ``nvidia-smi mig -i N -dci``/``-dgi`` to clear and
-  ``nvidia-smi mig -i N -cgi P1,P2,... -C`` to create, ``nvidia-smi -r -i BUS_IDS`` for the GPU reset
-  (util/device.go nvmlResetAllGPUs runs exactly that).
+- carries out ``apply``/``assert``/``export`` itself against the host's simulated GPUs, with what
+  nvidia-smi's front end does to them (smi.py, mig.py) where mig-parted calls NVML: the MIG mode
+  (``nvidia-smi -mig``), destroying compute then GPU instances to clear, creating GPU instances with
+  their compute instance (``nvidia-smi mig -cgi LIST -C``), the GPU reset (``nvidia-smi -r``: util/
+  device.go nvmlResetAllGPUs runs exactly that).
 
 Semantics follow NVIDIA/mig-parted v0.15.0, cmd/nvidia-mig-parted:
 - main.go: errors end the program through logrus' Fatal (exit status 1, message capitalized).
@@ -48,12 +47,13 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml  # the host image's python3-yaml
 
-from . import core
+from . import core, mig, smi
 
 # NVIDIA's binary: the nvidia-mig-manager package's (hosts outside Kubernetes), else the copy every lab
 # host image carries (Kubernetes nodes, where the GPU Operator's MIG manager runs this front end).
@@ -63,8 +63,6 @@ REAL_IMAGE = "/usr/lib/gpuprov-lab/bin/nvidia-mig-parted.real"
 
 # Handed to the real binary as they are.
 REAL_COMMANDS = {"generate-config", "checkpoint", "restore", "help", "h"}
-QUERY = "index,pci.bus_id,pci.device_id,mig.mode.current,mig.mode.pending"
-RC_NOT_FOUND = 6  # nvidia-smi's exit status for NVML_ERROR_NOT_FOUND (nothing to destroy)
 
 
 def real_path(host: core.Host) -> str:
@@ -199,56 +197,43 @@ def selected_specs(text: str, selected: str) -> list[Spec]:
 
 
 # -------------------------------------------------------------------------------------------- GPUs
+# The simulated GPUs, through what nvidia-smi's front end runs on them (smi.py, mig.py), as mig-parted's
+# NVML calls reach the driver.
 
 
 @dataclass
 class Gpu:
     index: int
-    bus_id: str
-    device_id: str
+    gpu: dict[str, Any]  # the host profile's GPU
+    device_id: str  # 0xDDDDVVVV, as device-filter names it
     capable: bool
     enabled: bool
     pending: bool
 
 
-def smi(args: list[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=120, check=False)
-    except FileNotFoundError:
-        raise Fatal("error initializing NVML: nvidia-smi not found (no NVIDIA driver installed)") from None
-
-
 def gpus() -> list[Gpu]:
-    res = smi([f"--query-gpu={QUERY}", "--format=csv,noheader"])
-    if res.returncode != 0:
-        raise Fatal(f"error initializing NVML: {(res.stdout + res.stderr).strip()}")
+    host = core.Host()
+    try:
+        st, _nvml = smi.driver_state(host, "")
+    except core.SimError as exc:
+        raise Fatal(f"error initializing NVML: {str(exc).strip()}") from None
     out = []
-    for line in res.stdout.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) != 5:
-            continue
-        current, pending = cols[3], cols[4]
-        capable = current in ("Enabled", "Disabled")
-        out.append(Gpu(int(cols[0]), cols[1], cols[2], capable, current == "Enabled", pending == "Enabled"))
+    for i, g in enumerate(smi.visible(host, st)):
+        capable = mig.profiles(g) is not None
+        cur = mig.gpu_state(st, g) if capable else {"current": False, "pending": False}
+        device_id = f"0x{int(g['device_id'], 16):04X}{int(g['vendor_id'], 16):04X}"
+        out.append(Gpu(i, g, device_id, capable, bool(cur["current"]), bool(cur["pending"])))
     return out
 
 
-def mig_devices() -> dict[int, dict[str, int]]:
-    """GPU index → {profile: count} of its MIG devices, from ``nvidia-smi -L``."""
-    res = smi(["-L"])
-    if res.returncode != 0:
-        raise Fatal(f"error getting MIGConfig: {(res.stdout + res.stderr).strip()}")
+def mig_devices(gpu_list: list[Gpu]) -> dict[int, dict[str, int]]:
+    """GPU index → {profile: count} of its MIG devices."""
+    st = core.Host().state()
     out: dict[int, dict[str, int]] = {}
-    current: int | None = None
-    for line in res.stdout.splitlines():
-        m = re.match(r"^GPU (\d+):", line)
-        if m:
-            current = int(m.group(1))
-            out[current] = {}
-            continue
-        m = re.match(r"^\s+MIG (\S+)\s+Device\s+\d+:", line)
-        if m and current is not None:
-            out[current][m.group(1)] = out[current].get(m.group(1), 0) + 1
+    for g in gpu_list:
+        counts = out.setdefault(g.index, {})
+        for name, _uuid in mig.mig_devices(st, g.gpu):
+            counts[name] = counts.get(name, 0) + 1
     return out
 
 
@@ -271,7 +256,7 @@ def mode_error(specs: list[Spec], gpu_list: list[Gpu]) -> str:
 
 def config_error(specs: list[Spec], gpu_list: list[Gpu]) -> str:
     """assert/config.go AssertMigConfig: '' when every GPU matches its entry."""
-    devices = mig_devices()
+    devices = mig_devices(gpu_list)
     matched = {g.index: False for g in gpu_list}
     for s, g in walk(specs, gpu_list):
         if (not g.capable and not s.mig_enabled) or (not s.mig_enabled and not g.enabled):
@@ -286,19 +271,22 @@ def config_error(specs: list[Spec], gpu_list: list[Gpu]) -> str:
 # ------------------------------------------------------------------------------------------- apply
 
 
-def _check(res: subprocess.CompletedProcess[str], what: str) -> None:
-    if res.returncode != 0:
-        raise Fatal(f"{what}: {(res.stdout + res.stderr).strip()}")
+def _driver(what: str, change: Callable[[], object], not_found_is_done: bool = False) -> None:
+    """A change to the simulated GPUs; its failure is mig-parted's error (nvidia-smi's text after it)."""
+    try:
+        change()
+    except mig.MigError as exc:
+        if not (not_found_is_done and exc.rc == mig.RC_NOT_FOUND):
+            raise Fatal(f"{what}: {str(exc).strip()}") from None
 
 
-def clear(index: int) -> None:
+def clear(g: Gpu) -> None:
     """pkg/mig/config ClearMigConfig: every compute instance, then every GPU instance."""
-    for action, what in (("-dci", "compute"), ("-dgi", "GPU")):
-        res = smi(["mig", "-i", str(index), action])
-        if res.returncode not in (0, RC_NOT_FOUND):
-            raise Fatal(
-                f"error destroying {what} instances on GPU {index}: {(res.stdout + res.stderr).strip()}"
-            )
+    host, one = core.Host(), [(g.index, g.gpu)]
+    _driver(f"error destroying compute instances on GPU {g.index}",
+            lambda: mig.destroy_compute_instances(host, one, None, None), not_found_is_done=True)  # fmt: skip
+    _driver(f"error destroying GPU instances on GPU {g.index}",
+            lambda: mig.destroy_gpu_instances(host, one, None), not_found_is_done=True)  # fmt: skip
 
 
 def _profile_size(name: str) -> tuple[int, float]:
@@ -334,16 +322,17 @@ def orderings(devices: dict[str, int]) -> list[list[str]]:
 
 
 def set_config(g: Gpu, devices: dict[str, int]) -> None:
-    """pkg/mig/config SetMigConfig through nvidia-smi."""
+    """pkg/mig/config SetMigConfig: GPU instances with their compute instance, one ordering after another."""
     for order in orderings(devices):
-        clear(g.index)
+        clear(g)
         if not order:
             return
-        res = smi(["mig", "-i", str(g.index), "-cgi", ",".join(order), "-C"])
-        if res.returncode == 0:
+        try:
+            mig.create_gpu_instances(core.Host(), [(g.index, g.gpu)], order, True)
             return
-        _log("error", _capitalize(f"error creating GPU instance for {','.join(order)}: {res.stdout.strip()}"))
-    clear(g.index)
+        except mig.MigError as exc:
+            _log("error", _capitalize(f"error creating GPU instance for {','.join(order)}: {exc}".strip()))
+    clear(g)
     raise Fatal("error attempting multiple config orderings: all orderings failed")
 
 
@@ -356,14 +345,12 @@ def apply_mode(specs: list[Spec], skip_reset: bool) -> None:
                 raise Fatal("cannot set MIG mode on non MIG-capable GPU")
             continue
         if g.enabled:
-            clear(g.index)
-        res = smi(["-i", str(g.index), "-mig", "1" if s.mig_enabled else "0"])
-        _check(res, "error setting MIG mode")
-    pending = [g for g in gpus() if g.capable and g.pending != g.enabled]
-    if skip_reset or not pending:
-        return
-    res = smi(["-r", "-i", ",".join(g.bus_id for g in pending)])
-    _check(res, "error resetting all GPUs")
+            clear(g)
+        on = s.mig_enabled
+        _driver("error setting MIG mode", lambda g=g, on=on: mig.set_mode(core.Host(), [g.gpu], on))
+    pending = [g.gpu for g in gpus() if g.capable and g.pending != g.enabled]
+    if not skip_reset and pending:
+        _driver("error resetting all GPUs", lambda: mig.reset(core.Host(), pending))
 
 
 def apply_config(specs: list[Spec]) -> None:
@@ -474,7 +461,7 @@ def export(flags: dict[str, Any]) -> str:
     if fmt not in ("json", "yaml"):
         raise Fatal(f"unrecognized 'output-format': {fmt}")
     gpu_list = gpus()
-    devices = mig_devices()
+    devices = mig_devices(gpu_list)
     specs = [
         {
             "device-filter": [g.device_id],
