@@ -23,7 +23,6 @@ FAULTS = "/etc/gpuprov-lab/faults.json"
 # NVIDIA's mock NVML configuration of this host's GPUs, without its system section (see kmod._render_nvml).
 NVML_TEMPLATE = "/etc/gpuprov-lab/nvml-mock.yaml"
 RUN = "/run/gpuprov-lab"
-GPU_FAULTS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
 SIMULATED = "SIMULATED (gpuprov lab)"
 
 
@@ -94,9 +93,6 @@ class Host:
         except (OSError, ValueError):
             return []
         return [f for f in doc.get("faults", []) if isinstance(f, dict) and "kind" in f]
-
-    def gpu_faults(self, index: int) -> list[dict[str, Any]]:
-        return [f for f in self.faults() if f.get("kind") in GPU_FAULTS and f.get("gpu", 0) == index]
 
     def has_fault(self, kind: str, index: int | None = None) -> bool:
         for f in self.faults():

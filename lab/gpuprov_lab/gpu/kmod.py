@@ -34,7 +34,6 @@ MODULES: dict[str, tuple[int, int, tuple[str, ...]]] = {
     "nvidia_peermem": (16384, 16384, ("nvidia",)),
     "nouveau": (2732032, 2732032, ()),
 }
-NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 ARCH_ORDER = (
     "Kepler",
     "Maxwell",

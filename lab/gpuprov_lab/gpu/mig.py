@@ -1,11 +1,12 @@
 """Part of the gpuprov lab simulation: MIG (Multi-Instance GPU) on the host's simulated GPUs.
 
 SIMULATED (gpuprov lab). NVIDIA's mock NVML knows MIG mode only, so MIG is answered here, in nvidia-smi's
-real syntax and text, as far as gpuprov and NVIDIA's nvidia-mig-parted (the lab's front end, migparted.py)
-use it: ``nvidia-smi -mig``, ``-r``, ``nvidia-smi mig -cgi LIST [-C]``, ``-dci``, ``-dgi``. The state is kept
-per GPU in the host's run-state (``st["mig"]``, keyed by bus id): MIG mode current/pending, the GPU
-instances (profile id, placement start/size) and their compute instances. The listings (``-lgip``,
-``-lgipp``, ``-lgi``, ``-lci``) and ``-cci`` are not simulated: nothing in the lab runs them.
+real syntax and text, as far as gpuprov and nvidia-mig-parted (the lab's front end, migparted.py, calls
+these functions) use it: ``nvidia-smi -mig``, ``-r``, ``nvidia-smi mig -cgi LIST [-C]``, ``-dci``,
+``-dgi``. The state is kept per GPU in the host's run-state (``st["mig"]``, keyed by bus id): MIG mode
+current/pending, the GPU instances (profile id, placement start/size) and their compute instances. The
+listings (``-lgip``, ``-lgipp``, ``-lgi``, ``-lci``) and ``-cci`` are not simulated: nothing in the lab
+runs them.
 ``nvidia-smi -L`` is still NVIDIA's own binary over the mock NVML; when GPU instances with compute
 instances exist, the front end inserts the MIG device lines the mock cannot produce under their GPU's
 line (:func:`list_with_mig_devices`).
@@ -28,9 +29,9 @@ Where each behaviour comes from:
   processes that hold /dev/nvidia* in this simulation (nvidia-persistenced, nv-fabricmanager,
   nv-hostengine register themselves, see kmod.users), which is what the driver itself sees.
 - Exit status: nvidia-smi exits with the NVML return code of the failure (as it does with 18 for a
-  driver/library mismatch): 3 Not Supported, 4 Insufficient Permissions, 6 Not Found, 19 In use by
-  another client, 23 Insufficient Resources; 255 ("other error", nvidia-smi(1) RETURN VALUE) otherwise.
-- Only full-size compute instances (the ``-C``/``-cci`` default) are simulated.
+  driver/library mismatch): 4 Insufficient Permissions, 6 Not Found, 19 In use by another client, 23
+  Insufficient Resources; 255 ("other error", nvidia-smi(1) RETURN VALUE) otherwise.
+- Only full-size compute instances (the ``-C`` default) are simulated.
 """
 
 from __future__ import annotations
