@@ -11,9 +11,11 @@ from typing import Any
 import yaml
 
 from gpuprov_lab import distros, keys, plan
+from gpuprov_lab.gpu.kmod import OPERAND_NVML  # where the operands see the mock NVML's configuration
 from gpuprov_lab.kube import images, registry
 from gpuprov_lab.mirror import KEY_NAME
 from gpuprov_lab.state import LabState
+from provisioner.inventory_expectations import OPERATOR_VALUES
 
 
 def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
@@ -133,10 +135,6 @@ def node_features_objects(namespace: str, image: str) -> list[dict[str, Any]]:
     return docs
 
 
-# Where the operands see the mock NVML's configuration of their host (gpu/kmod.py OPERAND_NVML).
-OPERAND_NVML = "/sys/module/nvidia/gpuprov-lab/nvml.yaml"
-
-
 def _env(**values: str) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in values.items()]
 
@@ -162,7 +160,7 @@ def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> 
       machine's kernel's, without NVIDIA's module), so every container it is asked of fails to start.
     """
     return {
-        "gpu_operator_values": {
+        OPERATOR_VALUES: {
             "nfd": {"enabled": False},
             "dcgm": {"enabled": False},
             "dcgmExporter": {"enabled": False},

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 from gpuprov_lab import image, vendor
+from gpuprov_lab.gpu.kmod import BRANCH_CUDA  # the CUDA version each branch's driver reports
 from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
 from gpuprov_lab.sim.elf import shared_object
 
@@ -32,9 +33,6 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 # The files of the simulated packages, as templates (str.format) where they carry versions or labels.
 FILES = Path(__file__).parent / "files"
 HOMEPAGE = "https://developer.nvidia.com/cuda-downloads"
-
-# CUDA version the driver of a branch reports (nvidia-smi's "CUDA Version"; 580 → 13.0 on the real H200).
-BRANCH_CUDA = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
 
 
 def _catalog() -> dict[str, Any]:
