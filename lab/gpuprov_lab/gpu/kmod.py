@@ -8,8 +8,8 @@ what a real kernel shows from it: /proc/modules (bind-mounted when the kernel ha
 ``nvidia-modprobe`` are served from here for nvidia*/nouveau and handed to the real kmod otherwise.
 
 Modules are "loaded" from the files the DKMS packages installed (/lib/modules/$(uname -r)/updates/dkms),
-with the version and licence their modinfo carries, and refused the way the real driver refuses: the
-open module on GPUs older than Turing, the proprietary one on Blackwell, unloading while in use.
+with the version and licence their modinfo carries, and refused the way the real driver refuses: no GPU
+to drive, a version other than the loaded nvidia module's, unloading while in use.
 """
 
 from __future__ import annotations
@@ -34,17 +34,6 @@ MODULES: dict[str, tuple[int, int, tuple[str, ...]]] = {
     "nvidia_peermem": (16384, 16384, ("nvidia",)),
     "nouveau": (2732032, 2732032, ()),
 }
-ARCH_ORDER = (
-    "Kepler",
-    "Maxwell",
-    "Pascal",
-    "Volta",
-    "Turing",
-    "Ampere",
-    "Ada Lovelace",
-    "Hopper",
-    "Blackwell",
-)
 REAL_KMOD = "/bin/kmod"
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510
@@ -174,10 +163,6 @@ class KmodError(core.SimError):
     pass
 
 
-def _arch_rank(arch: str) -> int:
-    return ARCH_ORDER.index(arch) if arch in ARCH_ORDER else len(ARCH_ORDER)
-
-
 # -------------------------------------------------------------------------------------------- load
 
 
@@ -287,40 +272,16 @@ def _load(
 def _nvidia_probe(host: core.Host, entry: dict[str, Any]) -> list[str]:
     """What nvidia.ko prints while probing the GPUs; sets entry["refused"] when it binds none."""
     lines: list[str] = []
-    gpus = visible_gpus(host)
-    supported = []
-    for g in gpus:
-        pci_id = f"{g['vendor_id'][2:]}:{g['device_id'][2:]}"
-        rank = _arch_rank(g["architecture"])
-        if entry["flavour"] == "open" and rank < ARCH_ORDER.index("Turing"):
-            lines += [
-                f"NVRM: The NVIDIA GPU {g['pci_address']} (PCI ID: {pci_id})",
-                "NVRM: installed in this system is not supported by open",
-                "NVRM: nvidia.ko because it does not include the required GPU",
-                "NVRM: System Processor (GSP).",
-                "NVRM: Please see the 'Open Linux Kernel Modules' and 'GSP",
-                "NVRM: Firmware' sections in the driver README, available on",
-                "NVRM: the Linux graphics driver download page at",
-                "NVRM: www.nvidia.com.",
-            ]
-            continue
-        if entry["flavour"] == "proprietary" and rank >= ARCH_ORDER.index("Blackwell"):
-            lines += [
-                f"NVRM: The NVIDIA GPU {g['pci_address']} (PCI ID: {pci_id})",
-                "NVRM: installed in this system requires use of the NVIDIA open kernel modules.",
-            ]
-            continue
-        supported.append(g)
-    missing = [g for g in host.gpus() if g not in gpus]
-    for g in missing:
+    gpus = visible_gpus(host)  # the lab's GPUs are Turing to Hopper: both module flavours drive them
+    for g in (g for g in host.gpus() if g not in gpus):
         lines += [
             f"NVRM: GPU {g['pci_address']}: RmInitAdapter failed! (0x22:0x56:667)",
             f"NVRM: GPU {g['pci_address']}: rm_init_adapter failed, device minor number {g['minor_number']}",
         ]
-    if not supported:
+    if not gpus:
         entry["refused"] = True
         return [*lines, "NVRM: No NVIDIA GPU found."]
-    entry["bound"] = [g["pci_address"] for g in supported]
+    entry["bound"] = [g["pci_address"] for g in gpus]
     entry["bound_switches"] = [s["pci_address"] for s in host.nvswitches()]
     return [
         *lines,
