@@ -116,12 +116,12 @@ MOCK_NVML_PROVENANCE = (
 
 NVIDIA_SMI_PROVENANCE = (
     f"NVIDIA's nvidia-smi binary (Debian {vendor.NVIDIA_SMI_SUITE}'s non-free build, "
-    f"/{vendor.NVIDIA_SMI_PATH}) lists the GPUs (-L) and prints the summary table from NVIDIA's mock "
-    "NVML. /usr/bin/nvidia-smi in front of it is SIMULATED: it answers while no driver module is "
-    "loaded or the library and module disagree (the kernel module is simulated), -q and -q -x (the "
-    "real binary crashes on the mock), --version (the binary is its own branch, not the simulated "
-    "driver's), --query-gpu (the simulated hardware faults are not in the mock) and -pm (the mock "
-    "keeps no state)."
+    f"/{vendor.NVIDIA_SMI_PATH}) answers from NVIDIA's mock NVML: the GPU list (-L), the summary "
+    "table, queries. /usr/bin/nvidia-smi in front of it is SIMULATED where the binary cannot answer: "
+    "while no driver module is loaded or the library and module disagree (the kernel module is "
+    "simulated), -q -x (the real binary crashes on the mock), --version (the binary is its own branch, "
+    "not the simulated driver's), queries of MIG mode, persistence, ECC and the PCIe link (the "
+    "simulated states and faults are not in the mock) and MIG changes (the mock has no MIG devices)."
 )
 
 
