@@ -284,9 +284,9 @@ def clear(g: Gpu) -> None:
     """pkg/mig/config ClearMigConfig: every compute instance, then every GPU instance."""
     host, one = core.Host(), [(g.index, g.gpu)]
     _driver(f"error destroying compute instances on GPU {g.index}",
-            lambda: mig.destroy_compute_instances(host, one, None, None), not_found_is_done=True)  # fmt: skip
+            lambda: mig.run(host, mig.MigCommand("dci"), one), not_found_is_done=True)  # fmt: skip
     _driver(f"error destroying GPU instances on GPU {g.index}",
-            lambda: mig.destroy_gpu_instances(host, one, None), not_found_is_done=True)  # fmt: skip
+            lambda: mig.run(host, mig.MigCommand("dgi"), one), not_found_is_done=True)  # fmt: skip
 
 
 def _profile_size(name: str) -> tuple[int, float]:
@@ -328,7 +328,8 @@ def set_config(g: Gpu, devices: dict[str, int]) -> None:
         if not order:
             return
         try:
-            mig.create_gpu_instances(core.Host(), [(g.index, g.gpu)], order, True)
+            command = mig.MigCommand("cgi", profiles=tuple(order), default_ci=True)
+            mig.run(core.Host(), command, [(g.index, g.gpu)])
             return
         except mig.MigError as exc:
             _log("error", _capitalize(f"error creating GPU instance for {','.join(order)}: {exc}".strip()))
