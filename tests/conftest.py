@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuprov_lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
+from labkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 
 @pytest.fixture(scope="session")

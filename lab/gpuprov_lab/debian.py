@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov_lab import image, paths, proc
+from gpuprov_lab import paths, proc
 from gpuprov_lab.errors import LabError
 
+# The Debian release of this machine's own apt sources: the archive URL is found from them.
+MACHINE_SUITE = "bookworm"
 # Suites the lab knows, and what each stands for in the lab.
 SUITES = ("bookworm", "trixie", "sid")
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -42,6 +44,55 @@ class Unpacked:
     def path(self, rel: str) -> Path:
         """A file of the package (``usr/bin/containerd``)."""
         return self.root / rel.lstrip("/")
+
+
+def debian_mirror_url() -> str:
+    """The Debian archive this machine's apt uses for bookworm main (GPUPROV_LAB_DEBIAN_MIRROR wins)."""
+    explicit = os.environ.get("GPUPROV_LAB_DEBIAN_MIRROR")
+    if explicit:
+        return explicit.rstrip("/")
+    found = _mirror_from_sources(Path("/etc/apt"))
+    if not found:
+        raise LabError(
+            "no apt source for Debian bookworm main in /etc/apt; "
+            "set GPUPROV_LAB_DEBIAN_MIRROR to a Debian archive URL"
+        )
+    return found
+
+
+def _mirror_from_sources(etc_apt: Path) -> str | None:
+    files = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*"))]
+    for f in files:
+        if not f.is_file():
+            continue
+        text = f.read_text(errors="replace")
+        if f.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line:
+                        continue
+                    key, value = line.split(":", 1)
+                    fields[key.strip().lower()] = value.strip()
+                if (
+                    "deb" in fields.get("types", "").split()
+                    and MACHINE_SUITE in fields.get("suites", "").split()
+                    and "main" in fields.get("components", "").split()
+                    and fields.get("enabled", "yes").lower() != "no"
+                    and fields.get("uris")
+                ):
+                    return fields["uris"].split()[0].rstrip("/")
+        elif f.name == "sources.list" or f.suffix == ".list":
+            for line in text.splitlines():
+                words = re.sub(r"\[[^\]]*\]", " ", line.split("#", 1)[0]).split()
+                if (
+                    len(words) >= 4
+                    and words[0] == "deb"
+                    and words[2] == MACHINE_SUITE
+                    and "main" in words[3:]
+                ):
+                    return words[1].rstrip("/")
+    return None
 
 
 def _suite(suite: str) -> str:
@@ -72,7 +123,7 @@ def _prepare(suite: str) -> list[str]:
     root = state_dir(suite)
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    source = f"deb [signed-by={KEYRING}] {image.debian_mirror_url()} {suite} {COMPONENTS}\n"
+    source = f"deb [signed-by={KEYRING}] {debian_mirror_url()} {suite} {COMPONENTS}\n"
     sources = root / "sources.list"
     if not sources.exists() or sources.read_text() != source:
         sources.write_text(source)

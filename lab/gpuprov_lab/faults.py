@@ -18,7 +18,7 @@ from gpuprov_lab.errors import LabError
 from provisioner.errors import InputError
 
 GPU_KINDS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
-# mig-fail: `nvidia-smi -mig 1` fails on the host's GPUs (the emulation's gpuprovsim/mig.py reads it).
+# mig-fail: `nvidia-smi -mig 1` fails on the host's GPUs (the emulation's gpu/mig.py reads it).
 HOST_KINDS = ("install-fail", "drain-block", "unreachable", "mig-fail")
 KINDS = GPU_KINDS + HOST_KINDS
 CLEAR = "clear"
@@ -162,7 +162,6 @@ def _drain_block_objects(st: state.LabState, host: str) -> str:
 def _kubectl(st: state.LabState, verb: str, manifest: str) -> str | None:
     """`kubectl VERB -f -` with a manifest on the control plane; its output, or None when there is no
     cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
-    from gpuprov_lab import fleet
     from gpuprov_lab.plan import CONTROL_PLANE
 
     if is_unreachable(st.paths, CONTROL_PLANE):
@@ -170,7 +169,7 @@ def _kubectl(st: state.LabState, verb: str, manifest: str) -> str | None:
     cp = st.host(CONTROL_PLANE)
     cmd = f"test -f {ADMIN_CONF} || exit 3; kubectl --kubeconfig {ADMIN_CONF} {verb} -f -"
     try:
-        res = subprocess.run(fleet.ssh_argv(st, cp.ip, cmd), input=manifest, capture_output=True, text=True,
+        res = subprocess.run(st.ssh_argv(cp.ip, cmd), input=manifest, capture_output=True, text=True,
                              check=False, timeout=60)  # fmt: skip
     except subprocess.TimeoutExpired:
         return None
@@ -184,7 +183,6 @@ def _kubectl(st: state.LabState, verb: str, manifest: str) -> str | None:
 def _blocking_pods(st: state.LabState, host: str) -> list[dict[str, Any]] | None:
     """The drain-block pods bound to ``host``'s node, read through the control plane; None when there is
     no cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
-    from gpuprov_lab import fleet
     from gpuprov_lab.plan import CONTROL_PLANE
 
     if is_unreachable(st.paths, CONTROL_PLANE):
@@ -192,9 +190,7 @@ def _blocking_pods(st: state.LabState, host: str) -> list[dict[str, Any]] | None
     cp = st.host(CONTROL_PLANE)
     cmd = f"test -f {ADMIN_CONF} && kubectl --kubeconfig {ADMIN_CONF} -n {DRAIN_BLOCK_NS} get pods -o json"
     try:
-        res = subprocess.run(
-            fleet.ssh_argv(st, cp.ip, cmd), capture_output=True, text=True, check=False, timeout=30
-        )
+        res = subprocess.run(st.ssh_argv(cp.ip, cmd), capture_output=True, text=True, check=False, timeout=30)
     except subprocess.TimeoutExpired:
         return None
     if res.returncode != 0:

@@ -82,7 +82,6 @@ def validate(req: UpRequest) -> tuple[LabState | None, int, list[str] | None, ip
             f"--mirror-port {req.mirror_port}: lab {req.lab!r} serves its mirror on {existing.mirror_port} "
             f"(gpuprov lab down --lab {req.lab} first)"
         )
-    plan.known_profiles()  # the hardware emulation must load before anything is made
     profiles = plan.parse_profiles(req.profiles)
     if req.hosts is not None:
         count = req.hosts
@@ -445,30 +444,6 @@ def _remove_host(docker: Docker, lp: paths.LabPaths, host: str) -> None:
     shutil.rmtree(lp.host_key_dir(host), ignore_errors=True)
 
 
-def ssh_argv(st: LabState, ip: str, *command: str, timeout: int = 5) -> list[str]:
-    """ssh to a lab host as root with the lab key and host key checking on."""
-    lp = st.paths
-    return [
-        "ssh",
-        "-i",
-        str(lp.ssh_key),
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        f"UserKnownHostsFile={lp.known_hosts}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        f"ConnectTimeout={timeout}",
-        "-o",
-        "LogLevel=ERROR",
-        f"root@{ip}",
-        *command,
-    ]
-
-
 def _wait_ready(docker: Docker, st: LabState, h: PlannedHost) -> str | None:
     """Wait for systemd to finish booting and for SSH to accept the lab key; a problem, or None."""
     name = st.paths.container(h.name)
@@ -489,9 +464,7 @@ def _wait_ready(docker: Docker, st: LabState, h: PlannedHost) -> str | None:
     deadline = time.monotonic() + SSH_TIMEOUT
     last = ""
     while time.monotonic() < deadline:
-        r = subprocess.run(
-            ssh_argv(st, h.ip, "true"), capture_output=True, text=True, check=False, timeout=30
-        )
+        r = subprocess.run(st.ssh_argv(h.ip, "true"), capture_output=True, text=True, check=False, timeout=30)
         if r.returncode == 0:
             return None
         last = r.stderr

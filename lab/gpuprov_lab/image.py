@@ -1,9 +1,10 @@
-"""The lab host image: a debootstrapped Debian 12 rootfs (cached), imported into Docker, then a
-Dockerfile that makes it boot systemd as PID 1 with sshd, and bakes in the sim engineer's hardware
-emulation (``lab/gpuprov_lab/sim/hostfiles/``) and the lab archive key.
+"""The lab host image: a debootstrapped Debian rootfs (cached), imported into Docker, then a Dockerfile
+that makes it boot systemd as PID 1 with sshd, and bakes in the GPU stand-in (``gpuprov_lab/gpu/``, at
+/usr/lib/gpuprov-lab/gpu in the host), the files of ``gpuprov_lab/hostfiles/`` (laid over /) and the lab
+archive key.
 
 Each layer is cached and rebuilt only when its inputs change: the rootfs by its package list, the host
-image by a hash of the Dockerfile, the hostfiles tree, the archive key and the running kernel (the
+image by a hash of the Dockerfile, the files it adds, the archive key and the running kernel (the
 containers share it, and ``modules.builtin`` is written for its release).
 """
 
@@ -11,19 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from gpuprov_lab import paths, proc
+from gpuprov_lab import debian, paths, proc
 from gpuprov_lab.engine import Docker, Progress, _quiet
 from gpuprov_lab.errors import LabError
+from gpuprov_lab.sim.debs import SIMULATED
 
-# The Debian release of the machine's own apt sources (the archive URL is found from them) and the lab's
-# default host release; hosts may run other releases (gpuprov_lab.distros).
-SUITE = "bookworm"
+# The lab's default host release (the machine's own apt sources name its archive); hosts may run other
+# releases (gpuprov_lab.distros).
+SUITE = debian.MACHINE_SUITE
 SUITES = ("bookworm", "trixie")
 ROOTFS_PACKAGES = [
     "systemd",
@@ -32,6 +33,7 @@ ROOTFS_PACKAGES = [
     "openssh-server",
     "python3",
     "python3-apt",
+    "python3-yaml",  # the GPU stand-in's nvidia-mig-parted front end reads mig-parted's YAML files
     "sudo",
     "iproute2",
     "iputils-ping",
@@ -45,7 +47,9 @@ ROOTFS_PACKAGES = [
 ]
 BASE_REPO = "gpuprov-lab/base"
 HOST_REPO = "gpuprov-lab/host"
-HOSTFILES = Path(__file__).parent / "sim" / "hostfiles"
+# Files laid over the image's root as they are, and the GPU stand-in (see HOST_LIB).
+HOSTFILES = Path(__file__).parent / "hostfiles"
+GPU = Path(__file__).parent / "gpu"
 IMAGE_SETUP = "/usr/lib/gpuprov-lab/image-setup.sh"
 ARCHIVE_KEYRING = "/usr/share/keyrings/gpuprov-lab-archive.gpg"
 # Modules the roles load with modprobe; the containers share the controller's kernel, so they are
@@ -121,50 +125,6 @@ ENTRYPOINT ["/usr/lib/gpuprov-lab/bin/gpuprov-lab-init"]
 """
 
 
-def debian_mirror_url() -> str:
-    """The Debian archive this machine's apt uses for bookworm main (GPUPROV_LAB_DEBIAN_MIRROR wins)."""
-    explicit = os.environ.get("GPUPROV_LAB_DEBIAN_MIRROR")
-    if explicit:
-        return explicit.rstrip("/")
-    found = _mirror_from_sources(Path("/etc/apt"))
-    if not found:
-        raise LabError(
-            "no apt source for Debian bookworm main in /etc/apt; "
-            "set GPUPROV_LAB_DEBIAN_MIRROR to a Debian archive URL"
-        )
-    return found
-
-
-def _mirror_from_sources(etc_apt: Path) -> str | None:
-    files = [etc_apt / "sources.list", *sorted((etc_apt / "sources.list.d").glob("*"))]
-    for f in files:
-        if not f.is_file():
-            continue
-        text = f.read_text(errors="replace")
-        if f.suffix == ".sources":
-            for stanza in re.split(r"\n\s*\n", text):
-                fields: dict[str, str] = {}
-                for line in stanza.splitlines():
-                    if line.startswith("#") or ":" not in line:
-                        continue
-                    key, value = line.split(":", 1)
-                    fields[key.strip().lower()] = value.strip()
-                if (
-                    "deb" in fields.get("types", "").split()
-                    and SUITE in fields.get("suites", "").split()
-                    and "main" in fields.get("components", "").split()
-                    and fields.get("enabled", "yes").lower() != "no"
-                    and fields.get("uris")
-                ):
-                    return fields["uris"].split()[0].rstrip("/")
-        elif f.name == "sources.list" or f.suffix == ".list":
-            for line in text.splitlines():
-                words = re.sub(r"\[[^\]]*\]", " ", line.split("#", 1)[0]).split()
-                if len(words) >= 4 and words[0] == "deb" and words[2] == SUITE and "main" in words[3:]:
-                    return words[1].rstrip("/")
-    return None
-
-
 def _suite(suite: str) -> str:
     if suite not in SUITES:
         raise LabError(f"the lab builds host images of {', '.join(SUITES)}, not {suite!r}")
@@ -186,7 +146,7 @@ def ensure_rootfs(progress: Progress = _quiet, suite: str = SUITE) -> Path:
         return target
     if not shutil.which("debootstrap"):
         raise LabError("debootstrap is not installed (./scripts/setup.sh installs it)")
-    mirror = debian_mirror_url()
+    mirror = debian.debian_mirror_url()
     target.parent.mkdir(parents=True, exist_ok=True)
     for old in target.parent.iterdir():
         if old.name.startswith(f"{suite}-") and old != target:
@@ -257,19 +217,59 @@ def dockerfile_text(base: str) -> str:
     )
 
 
-# Where the lab's runc wrapper sits in a host (image-setup.sh diverts Debian's runc to .distrib).
-HOST_RUNC_WRAPPER = "usr/lib/gpuprov-lab/bin/runc"
+# In a host: the lab's tools (bin/) and the GPU stand-in, the package gpu (gpuprov_lab/gpu/, run with the
+# host's python3: it imports nothing of the lab or of gpuprov).
+HOST_LIB = "/usr/lib/gpuprov-lab"
+# The lab's tools in a host that run one entry point of the GPU stand-in: program → its module of gpu.
+# image-setup.sh puts the kmod and util-linux ones in place of Debian's (dpkg-divert).
+HOST_TOOLS = {
+    "modprobe": "kmod",
+    "rmmod": "kmod",
+    "lsmod": "kmod",
+    "dmesg": "dmesg",
+    "gpuprov-lab-boot": "boot",
+    "gpuprov-lab-faultwatch": "watch",
+    "nvidia-mig-parted": "migparted",
+}
+# NVIDIA's nvidia-mig-parted in every host, for the lab's MIG front end to parse configs with (the
+# nvidia-mig-manager package brings its own copy to hosts outside Kubernetes).
+HOST_MIG_PARTED = f"{HOST_LIB}/bin/nvidia-mig-parted.real"
+
+
+def launcher(module: str, prog: str, **constants: str) -> str:
+    """A python3 program of a lab host that runs ``gpu.<module>.main(prog, argv, **constants)``."""
+    args = "".join(f", {k}={v!r}" for k, v in sorted(constants.items()))
+    return f"""#!/usr/bin/python3
+# {prog}: {SIMULATED}. Part of the gpuprov lab: it answers from this lab host's simulated hardware
+# ({HOST_LIB}/gpu/{module}.py says what and why) and is not the vendor's program.
+import sys
+
+sys.path.insert(0, {HOST_LIB!r})
+from gpu import {module}  # noqa: E402
+
+sys.exit({module}.main({prog!r}, sys.argv[1:]{args}))
+"""
 
 
 def host_runc_wrapper() -> str:
-    """The runc wrapper (gpuprov_lab.runc_capfilter) as lab hosts run it, in front of Debian's runc."""
+    """The runc wrapper (gpuprov_lab.runc_capfilter) as lab hosts run it, in front of Debian's runc
+    (image-setup.sh diverts it to .distrib)."""
     source = (Path(__file__).parent / "runc_capfilter.py").read_text()
     return source.replace('REAL_RUNC = "/usr/sbin/runc"', 'REAL_RUNC = "/usr/sbin/runc.distrib"', 1)
 
 
-# NVIDIA's nvidia-mig-parted in every host, for the lab's MIG front end to parse configs with (the
-# nvidia-mig-manager package brings its own copy to hosts outside Kubernetes).
-HOST_MIG_PARTED = "usr/lib/gpuprov-lab/bin/nvidia-mig-parted.real"
+def generated_files() -> dict[str, tuple[bytes, int]]:
+    """What the build adds to hostfiles/ (path in the host → content, mode): the GPU stand-in's package,
+    its tools' launchers and the runc wrapper."""
+    files = {
+        f"{HOST_LIB}/gpu/{p.name}": (p.read_bytes(), 0o644)
+        for p in sorted(GPU.iterdir())
+        if p.is_file() and p.suffix in (".py", ".xml")
+    }
+    for prog, module in HOST_TOOLS.items():
+        files[f"{HOST_LIB}/bin/{prog}"] = (launcher(module, prog).encode(), 0o755)
+    files[f"{HOST_LIB}/bin/runc"] = (host_runc_wrapper().encode(), 0o755)
+    return files
 
 
 def host_image_tag(base: str, archive_key: bytes) -> str:
@@ -279,15 +279,17 @@ def host_image_tag(base: str, archive_key: bytes) -> str:
         dockerfile_text(base),
         SSHD_CONF,
         archive_key,
-        host_runc_wrapper(),
         hashlib.sha256(vendor.mig_parted().read_bytes()).hexdigest(),
         *paths.tree_manifest(HOSTFILES),
+        *(f"{p} {m:o} {hashlib.sha256(data).hexdigest()}" for p, (data, m) in generated_files().items()),
     )
     return f"{HOST_REPO}:{digest[:16]}"
 
 
 def ensure_host_image(docker: Docker, base: str, archive_key: bytes, progress: Progress = _quiet) -> str:
     """Build the host image when its inputs changed; return its tag."""
+    from gpuprov_lab import vendor
+
     tag = host_image_tag(base, archive_key)
     if _image_exists(docker, tag):
         return tag
@@ -296,20 +298,14 @@ def ensure_host_image(docker: Docker, base: str, archive_key: bytes, progress: P
     build_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=build_root, prefix="image-") as ctx_name:
         ctx = Path(ctx_name)
-        if HOSTFILES.is_dir():
-            shutil.copytree(
-                HOSTFILES, ctx / "hostfiles", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        else:
-            (ctx / "hostfiles").mkdir()
-        wrapper = ctx / "hostfiles" / HOST_RUNC_WRAPPER
-        wrapper.parent.mkdir(parents=True, exist_ok=True)
-        wrapper.write_text(host_runc_wrapper())
-        wrapper.chmod(0o755)
-        from gpuprov_lab import vendor
-
-        shutil.copyfile(vendor.mig_parted(), ctx / "hostfiles" / HOST_MIG_PARTED)
-        (ctx / "hostfiles" / HOST_MIG_PARTED).chmod(0o755)
+        tree = ctx / "hostfiles"
+        shutil.copytree(HOSTFILES, tree, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        extra = {**generated_files(), HOST_MIG_PARTED: (vendor.mig_parted().read_bytes(), 0o755)}
+        for path, (data, mode) in extra.items():
+            target = tree / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(mode)
         (ctx / "gpuprov-lab-archive.gpg").write_bytes(archive_key)
         (ctx / "sshd-gpuprov-lab.conf").write_text(SSHD_CONF)
         (ctx / "Dockerfile").write_text(dockerfile_text(base))

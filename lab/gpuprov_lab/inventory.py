@@ -3,6 +3,7 @@ key checking on, the mirror knobs, and per host the lab profile (for tests only)
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,11 @@ from typing import Any
 import yaml
 
 from gpuprov_lab import distros, keys, plan
+from gpuprov_lab.gpu.kmod import OPERAND_NVML  # where the operands see the mock NVML's configuration
 from gpuprov_lab.kube import images, registry
 from gpuprov_lab.mirror import KEY_NAME
 from gpuprov_lab.state import LabState
+from provisioner.inventory_expectations import OPERATOR_VALUES
 
 
 def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
@@ -53,7 +56,6 @@ def document(st: LabState, *, kubernetes: bool = True) -> dict[str, Any]:
                 "gpuprov_mirror_key_fingerprint": key.fingerprint,
                 "gpuprov_registry_mirror_url": f"http://{st.gateway}:{registry.PORT}",
                 "lab_name": st.name,
-                **_flannel_checksum(st),
                 **_mig_manager_checksum(st),
                 **kubernetes_settings(f"{st.gateway}:{registry.PORT}"),
             },
@@ -114,71 +116,23 @@ def node_feature_labels(debian_version: str) -> dict[str, str]:
     }
 
 
-NODE_FEATURES = "gpuprov-lab-node-features"
-NODE_FEATURES_SCRIPT = Path(__file__).resolve().parent / "kube" / "files" / "node-features.sh"
+NODE_FEATURES = Path(__file__).resolve().parent / "kube" / "files" / "node-features"
 
 
 def node_features_objects(namespace: str, image: str) -> list[dict[str, Any]]:
-    """The stand-in for NFD's master (kube/files/node-features.sh, SIMULATED): one pod that puts the
-    labels GPU feature discovery publishes (NodeFeature objects) on their nodes, with a service account
-    allowed to do just that."""
-    meta = {"name": NODE_FEATURES, "labels": {"app": NODE_FEATURES, "gpuprov.io/lab": "simulated"}}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": namespace}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta,
-            "rules": [
-                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "update"]},
-                {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"], "verbs": ["get", "list"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": NODE_FEATURES,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": NODE_FEATURES, "namespace": namespace}],
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {**meta, "namespace": namespace},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": NODE_FEATURES}},
-                "template": {
-                    "metadata": {"labels": {"app": NODE_FEATURES}},
-                    "spec": {
-                        "serviceAccountName": NODE_FEATURES,
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [
-                            {
-                                "name": "node-features",
-                                "image": image,
-                                "command": ["sh", "-c", NODE_FEATURES_SCRIPT.read_text()],
-                                "env": [
-                                    {
-                                        "name": "NAMESPACE",
-                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-                                    }
-                                ],
-                            }
-                        ],
-                    },
-                },
-            },
-        },
-    ]
-
-
-# Where the operands see the mock NVML's configuration of their host (gpuprovsim.kmod.OPERAND_NVML).
-OPERAND_NVML = "/sys/module/nvidia/gpuprov-lab/nvml.yaml"
+    """The stand-in for NFD's master (kube/files/node-features.yaml and .sh, SIMULATED), in the namespace
+    the chart installs into, run from the lab's tools image."""
+    # Each object gets its own copy of the shared metadata (the YAML's anchor): some get a namespace.
+    docs = copy.deepcopy(yaml.safe_load(NODE_FEATURES.with_suffix(".yaml").read_text()))
+    for doc in docs:
+        doc["metadata"] = copy.deepcopy(doc["metadata"])
+        if doc["kind"] in ("ServiceAccount", "Deployment"):
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            container.update(image=image, command=["sh", "-c", NODE_FEATURES.with_suffix(".sh").read_text()])
+    return docs
 
 
 def _env(**values: str) -> list[dict[str, str]]:
@@ -206,7 +160,7 @@ def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> 
       machine's kernel's, without NVIDIA's module), so every container it is asked of fails to start.
     """
     return {
-        "gpu_operator_values": {
+        OPERATOR_VALUES: {
             "nfd": {"enabled": False},
             "dcgm": {"enabled": False},
             "dcgmExporter": {"enabled": False},
@@ -226,16 +180,6 @@ def gpu_operator_settings(tools_image: str, namespace: str = "gpu-operator") -> 
             "migManager": {"env": _env(MOCK_NVML_CONFIG="/host" + OPERAND_NVML)},
         },
     }
-
-
-def _flannel_checksum(st: LabState) -> dict[str, str]:
-    """The lab mirror serves its own kube-flannel.yml, not upstream's bytes: pin the served file's checksum
-    (as a site whose mirror holds a patched manifest would) so the kubernetes role's check passes."""
-    served = sorted(Path(st.mirror_dir).glob("flannel/v*/kube-flannel.yml")) if st.mirror_dir else []
-    if len(served) != 1:
-        return {}
-    digest = hashlib.sha256(served[0].read_bytes()).hexdigest()
-    return {"kubernetes_flannel_manifest_checksum": f"sha256:{digest}"}
 
 
 def _mig_manager_checksum(st: LabState) -> dict[str, str]:

@@ -12,7 +12,6 @@ published at every vendor key path, so roles exercise their real key handling.
 from __future__ import annotations
 
 import gzip
-import importlib
 import os
 import re
 import shutil
@@ -26,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuprov_lab import distros, image, keys, paths, proc, state, vendor
+from gpuprov_lab import debian, distros, image, keys, paths, proc, state, vendor
 from gpuprov_lab.engine import Progress, _quiet
 from gpuprov_lab.errors import LabError
 from gpuprov_lab.keys import ArchiveKey
+from gpuprov_lab.sim import catalog, debs, migmanager
+from gpuprov_lab.sim.debs import SimPackage
 
 FORMAT = "3"
 SUITE = image.SUITE
@@ -164,32 +165,13 @@ class SimRepo:
     layout: Any  # "flat" or ("dists", suite, component)
 
 
-def _sim() -> tuple[Any, Any]:
-    try:
-        catalog = importlib.import_module("gpuprov_lab.sim.catalog")
-        debs = importlib.import_module("gpuprov_lab.sim.debs")
-    except ImportError as exc:
-        raise LabError(f"the lab's simulated packages (gpuprov_lab.sim) cannot be loaded: {exc}") from exc
-    return catalog, debs
+def sim_repos(catalog: Any = catalog) -> list[SimRepo]:
+    return [SimRepo(key, str(path).strip("/"), layout) for key, (path, layout) in catalog.REPOS.items()]
 
 
-def sim_repos(catalog: Any) -> list[SimRepo]:
-    repos = []
-    for key, (path, layout) in catalog.REPOS.items():
-        rel = str(path).strip("/")
-        if rel.startswith("..") or "/../" in f"/{rel}/" or rel.startswith("debian"):
-            raise LabError(f"gpuprov_lab.sim.catalog.REPOS[{key!r}]: path {path!r} is not a mirror path")
-        repos.append(SimRepo(key, rel, layout))
-    return repos
-
-
-def _package_repos(pkg: Any) -> list[str]:
+def _package_repos(pkg: SimPackage) -> list[str]:
     """Repo keys a sim package is published in."""
-    for attr in ("repos", "repo"):
-        value = getattr(pkg, attr, None)
-        if value:
-            return [value] if isinstance(value, str) else list(value)
-    raise LabError(f"sim package {getattr(pkg, 'name', pkg)!r} names no repository")
+    return [pkg.repo] if isinstance(pkg.repo, str) else list(pkg.repo)
 
 
 def vendor_key_paths(repo: SimRepo) -> list[str]:
@@ -226,18 +208,16 @@ def sim_inputs_digest() -> str:
 def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Progress) -> set[str]:
     """Build every sim .deb into its repositories, index and sign them; return the names of the sim
     packages (so their Depends on each other are not resolved from Debian)."""
-    catalog, debs = _sim()
-    repos = {r.key: r for r in sim_repos(catalog)}
-    debian_key = getattr(catalog, "DEBIAN", "debian")
+    repos = {r.key: r for r in sim_repos()}
     packages = list(catalog.all_packages())
     progress(f"mirror: building {len(packages)} simulated packages")
     build_dir = target / ".build"
     build_dir.mkdir(parents=True)
     for pkg in packages:
-        deb = Path(debs.build_deb(pkg, build_dir))
+        deb = debs.build_deb(pkg, build_dir)
         for repo_key in _package_repos(pkg):
             repo = repos.get(repo_key)
-            if repo_key == debian_key:
+            if repo_key == catalog.DEBIAN:
                 dest = target / DEBIAN_POOL  # published in the lab's Debian archive
             elif repo is None:
                 raise LabError(f"sim package {pkg.name!r}: repository {repo_key!r} is not in catalog.REPOS")
@@ -264,7 +244,6 @@ def build_sim_part(target: Path, key: ArchiveKey, gpg: list[str], progress: Prog
         for rel in vendor_key_paths(repo):
             _write(target / rel, key.armored)
     # NVIDIA's nvidia-mig-manager .deb, real and built from NVIDIA's packaging, at its release URL's path.
-    migmanager = importlib.import_module("gpuprov_lab.sim.migmanager")
     progress(f"mirror: building {migmanager.DEB_NAME} from NVIDIA's packaging")
     for rel, data in {**catalog.extra_mirror_files(), **migmanager.mirror_files()}.items():
         rel = str(rel).strip("/")
@@ -380,7 +359,7 @@ def resolve_debian(
         "WORK": str(work / "work"),
         "MERGED": str(work / "merged"),
         "DEBS": str(cache),
-        "MIRROR": image.debian_mirror_url(),
+        "MIRROR": debian.debian_mirror_url(),
         "SUITE": flavour.suite,
         "OTHER_SUITES": " ".join(others),
         "APTCONF": str(aptconf),

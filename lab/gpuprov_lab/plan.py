@@ -10,14 +10,13 @@ profiles themselves (GPU counts, the ``profile.json`` document the in-host emula
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 from dataclasses import asdict, dataclass
-from types import ModuleType
 from typing import Any
 
 from gpuprov_lab import distros
 from gpuprov_lab.errors import LabError
+from gpuprov_lab.sim import profiles
 from provisioner.errors import InputError
 
 CONTROL_PLANE = "cp1"
@@ -53,31 +52,14 @@ class PlannedHost:
         )
 
 
-def sim_profiles() -> ModuleType:
-    """The hardware emulation's profile module (part of the lab; absent means a broken checkout)."""
-    try:
-        return importlib.import_module("gpuprov_lab.sim.profiles")
-    except ImportError as exc:
-        raise LabError(
-            f"the lab's hardware profiles (gpuprov_lab.sim.profiles) cannot be loaded: {exc}"
-        ) from exc
-
-
 def known_profiles() -> dict[str, int]:
     """GPU profile name → GPU count."""
-    mod = sim_profiles()
-    return {name: int(p.gpu_count) for name, p in mod.PROFILES.items() if int(p.gpu_count) > 0}
+    return {name: p.gpu_count for name, p in profiles.PROFILES.items() if p.gpu_count > 0}
 
 
 def profile_document(spec: PlannedHost) -> dict[str, Any]:
     """profile.json for a host, as the in-host emulation reads it."""
-    mod = sim_profiles()
-    if spec.profile not in mod.PROFILES:
-        raise LabError(f"host {spec.name}: profile {spec.profile!r} is not in gpuprov_lab.sim.profiles")
-    doc = mod.profile_document(spec.profile, spec.name)
-    if not isinstance(doc, dict):
-        raise LabError(f"gpuprov_lab.sim.profiles.profile_document({spec.profile!r}) gave no mapping")
-    return doc
+    return profiles.profile_document(spec.profile, spec.name)
 
 
 def parse_profiles(value: list[str] | None) -> list[str] | None:
@@ -152,7 +134,7 @@ def plan(
         else:
             profile = DEFAULT_WORKER_PROFILES[(index - 1) % len(DEFAULT_WORKER_PROFILES)]
         if profile != NO_GPU and profile not in gpu_counts:
-            raise LabError(f"host {name}: profile {profile!r} is not in gpuprov_lab.sim.profiles")
+            raise LabError(f"host {name}: profile {profile!r} is not in gpuprov_lab/sim/profiles.yaml")
         if index == 0:
             os_name = distros.CONTROL_PLANE_FLAVOUR
         elif oses is not None:

@@ -50,6 +50,22 @@ class LabState:
             f"host {name!r} is not in lab {self.name!r} (hosts: {', '.join(h.name for h in self.hosts)})"
         )
 
+    def ssh_argv(self, ip: str, *command: str, timeout: int = 5) -> list[str]:
+        """ssh to a lab host as root with the lab key and host key checking on."""
+        lp = self.paths
+        return [
+            "ssh",
+            "-i", str(lp.ssh_key),
+            "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={lp.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={timeout}",
+            "-o", "LogLevel=ERROR",
+            f"root@{ip}",
+            *command,
+        ]  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from labkit import gpuprov, unique_lab_name  # noqa: E402
 
 from provisioner.runner import ansible_env, ansible_playbook_binary  # noqa: E402
 

@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from gpuprov_lab import engine, image, keys, paths, state  # noqa: E402
-from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from gpuprov_lab import debian, engine, image, keys, paths, state  # noqa: E402
+from labkit import gpuprov, unique_lab_name  # noqa: E402
 
 TARGET_UP_S = 30.0
 TARGET_SCRATCH_S = 480.0
@@ -177,7 +177,7 @@ def bench_scratch(hosts: int, cluster: bool = False) -> None:
             t_base += timed(
                 lambda suite=suite, target=target: subprocess.run(
                     ["debootstrap", "--variant=minbase", f"--include={','.join(image.ROOTFS_PACKAGES)}",
-                     suite, str(target), image.debian_mirror_url()],
+                     suite, str(target), debian.debian_mirror_url()],
                     capture_output=True, check=True,
                 )
             )  # fmt: skip

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from gpuprov_lab.testkit import gpuprov, unique_lab_name  # noqa: E402
+from labkit import gpuprov, unique_lab_name  # noqa: E402
 
 TARGET_RATIO = 1.2
 OLD = "570.195.03"

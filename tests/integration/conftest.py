@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from gpuprov_lab.testkit import Lab, gpuprov
+from labkit import Lab, gpuprov
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpuprov_lab.testkit import gpuprov
+from labkit import gpuprov
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "bootstrapped"  # see tests/conftest.py
@@ -299,7 +299,7 @@ def test_a_rerun_keeps_the_sites_settings_and_converges_an_old_layout(bootstrapp
     provisioned the old way (containerd's default file with the nvidia runtime inline) converges to the
     role's layout without losing a key, with a backup of the file it replaced. A file changed after
     containerd started gets containerd restarted, and only that."""
-    from gpuprov_lab.testkit import gpuprov
+    from labkit import gpuprov
 
     lab = bootstrapped.lab
     hosts = _gpu_hosts(lab)

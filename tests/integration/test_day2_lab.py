@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from gpuprov_lab import vendor
-from gpuprov_lab.testkit import Lab, gpuprov
+from labkit import Lab, gpuprov
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "day2"  # see tests/conftest.py

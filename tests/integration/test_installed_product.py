@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuprov_lab.testkit import REPO, Lab
+from labkit import REPO, Lab
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "bootstrapped"  # see tests/conftest.py

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpuprov_lab.testkit import Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
+from labkit import Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 pytestmark = pytest.mark.lab
 

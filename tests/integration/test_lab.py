@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpuprov_lab import debian, faults, fleet, image, mirror, plan, runc_capfilter, vendor
+from gpuprov_lab import debian, faults, fleet, mirror, plan, runc_capfilter, vendor
 from gpuprov_lab.engine import docker_cli
+from gpuprov_lab.sim import profiles as sim_profiles
 from gpuprov_lab.state import LabState
-from gpuprov_lab.testkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
+from labkit import LAB_HOSTS, Lab, gpuprov, lab_from_inventory, require_lab, unique_lab_name
 
 from provisioner.errors import InputError
 
@@ -61,16 +62,16 @@ def test_debian_mirror_is_read_from_apt_sources(tmp_path: Path) -> None:
         "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n"
         "Components: main\n"
     )
-    assert image._mirror_from_sources(tmp_path) == "http://archive.example/debian"
+    assert debian._mirror_from_sources(tmp_path) == "http://archive.example/debian"
     other = tmp_path / "other"
     other.mkdir()
     (other / "sources.list").write_text(
         "# c\ndeb [arch=amd64] http://one.example/debian/ bookworm main contrib\n"
     )
-    assert image._mirror_from_sources(other) == "http://one.example/debian"
+    assert debian._mirror_from_sources(other) == "http://one.example/debian"
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert image._mirror_from_sources(empty) is None
+    assert debian._mirror_from_sources(empty) is None
 
 
 def test_dependency_relations_are_split_into_alternatives() -> None:
@@ -207,7 +208,7 @@ def test_inventory_groups_hosts_and_points_at_the_lab_mirror(lab: Lab) -> None:
     assert v["ansible_user"] == "root"
     assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
     assert lab.hosts["cp1"].gpu_count == 0
-    profiles = plan.sim_profiles().PROFILES
+    profiles = sim_profiles.PROFILES
     for name in ("gpu1", "gpu2", "gpu3"):
         h = lab.hosts[name]
         assert h.profile == plan.DEFAULT_WORKER_PROFILES[int(name[3:]) - 1]

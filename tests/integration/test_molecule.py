@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuprov_lab.testkit import REPO, gpuprov, require_lab, unique_lab_name
+from labkit import REPO, gpuprov, require_lab, unique_lab_name
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuprov_lab.testkit import Lab, gpuprov
+from labkit import Lab, gpuprov
 
 from provisioner.content import PLAYBOOKS_DIR, ROLES_DIR
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from gpuprov_lab.testkit import Lab, gpuprov
+from labkit import Lab, gpuprov
 
 pytestmark = pytest.mark.lab
 LAB_PHASE = "bootstrapped"  # see tests/conftest.py

@@ -147,12 +147,6 @@ def packages() -> list[SimPackage]:
 
 # ------------------------------------------------------------------------------------ mirror files
 
-FLANNEL_VERSION = "v0.27.4"
-# flannel's kube-flannel.yml of that release: served for the kubernetes role's flannel path (the lab's
-# own clusters use kubernetes_cni: bridge: flannel's images cannot be had here).
-FLANNEL_MANIFEST = FILES / "kube-flannel.yml"
-
-
 def chart_index(tgz: bytes, version: str) -> bytes:
     """The chart repository's index.yaml for the chart archive, from its own Chart.yaml."""
     with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
@@ -171,11 +165,11 @@ def chart_index(tgz: bytes, version: str) -> bytes:
 
 
 def extra_mirror_files() -> dict[str, bytes]:
-    """NVIDIA's helm chart repository (the real chart, packaged as released) and flannel's manifest."""
+    """NVIDIA's helm chart repository (the real chart, packaged as released). flannel's manifest is not
+    served: the lab's clusters use kubernetes_cni: bridge, flannel's images cannot be had here."""
     version = vendor.GPU_OPERATOR_CHART_VERSION
     tgz = vendor.gpu_operator_chart().read_bytes()
     return {
         "helm-charts/nvidia/index.yaml": chart_index(tgz, version),
         f"helm-charts/nvidia/gpu-operator-{version}.tgz": tgz,
-        f"flannel/{FLANNEL_VERSION}/kube-flannel.yml": FLANNEL_MANIFEST.read_bytes(),
     }

@@ -10,8 +10,8 @@ daemon.json, which CDI spec they write and which devices a container gets is the
 doing (the GPUs they see come from NVIDIA's mock NVML in the lab's driver packages).
 
 Still SIMULATED, because no real build exists here (it needs NVIDIA's driver libraries): libnvidia-container1
-and libnvidia-container-tools, whose nvidia-container-cli answers `info` and `--version` from the host's
-simulated GPUs (gpuprovsim/nvcli.py). Only the legacy (non-CDI) injection path uses it.
+and libnvidia-container-tools, whose nvidia-container-cli answers ``--version`` only. Only the legacy
+(non-CDI) injection path would use it; nothing in the lab does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import re
 from gpuprov_lab import vendor
 from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
 from gpuprov_lab.sim.elf import shared_object
-from gpuprov_lab.sim.nvidia import LIBDIR, systemd_scripts, tool
+from gpuprov_lab.sim.nvidia import LIBDIR, systemd_scripts
 
 NCT_REPO = "nct"
 VERSION = "1.20.0"
@@ -54,6 +54,15 @@ LAB_RUNTIME_SETTINGS = (
     b"[nvidia-container-runtime.modes.jit-cdi]\n"
     b'nvcdi-disable-hooks = ["disable-device-node-modification"]\n'
 )
+
+
+NVIDIA_CONTAINER_CLI = f"""#!/bin/sh
+# nvidia-container-cli: {SIMULATED} (libnvidia-container needs NVIDIA's driver libraries).
+case "$1" in
+  --version|-V) printf 'cli-version: {VERSION}\\nlib-version: {VERSION}\\n' ;;
+  *) echo "nvidia-container-cli: $1: not provided by the gpuprov lab ({SIMULATED})" >&2; exit 1 ;;
+esac
+"""
 
 
 def _real(rel: str) -> bytes:
@@ -142,7 +151,7 @@ def packages() -> list[SimPackage]:
             depends=[f"libnvidia-container1 (>= {FULL})"],
             section="utils",
             homepage=HOMEPAGE,
-            files={"/usr/bin/nvidia-container-cli": tool("nvcli", "nvidia-container-cli", nct=VERSION)},
+            files={"/usr/bin/nvidia-container-cli": SimFile(NVIDIA_CONTAINER_CLI, 0o755)},
         ),
         SimPackage(
             name="nvidia-container-toolkit-base",

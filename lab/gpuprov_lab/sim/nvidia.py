@@ -3,8 +3,8 @@
 Real names, versions and file paths (docs/contracts.md, "Package versions"): driver branches 580
 (580.159.04, 580.95.05) and 570 (570.195.03) in open and proprietary kernel-module flavours, fabric
 manager, DCGM, CUDA toolkits 13.0 and 12.8, and the kernel headers of the lab's running kernel. The
-tools they install are thin wrappers around the lab image's emulation library
-(/usr/lib/gpuprov-lab/python/gpuprovsim), which answers from the host's simulated hardware.
+tools they install are thin wrappers around the lab's GPU stand-in (gpuprov_lab/gpu, at
+/usr/lib/gpuprov-lab/gpu in a host), which answers from the host's simulated hardware.
 
 The kernel-module packages are real DKMS packages: their postinst runs Debian's dkms, which builds
 (with gcc) tiny ELF objects carrying the real module names and modinfo, and installs them under
@@ -22,18 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpuprov_lab import vendor
+from gpuprov_lab import image, vendor
+from gpuprov_lab.gpu.kmod import BRANCH_CUDA  # the CUDA version each branch's driver reports
 from gpuprov_lab.sim.debs import SIMULATED, SimFile, SimPackage
 from gpuprov_lab.sim.elf import shared_object
 
 # The lab's CUDA repositories (catalog.REPOS keys) and the catalog's name for each.
 CUDA_REPOS = {"cuda-debian12": "debian12", "cuda-debian13": "debian13"}
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-PYLIB = "/usr/lib/gpuprov-lab/python"
+# The files of the simulated packages, as templates (str.format) where they carry versions or labels.
+FILES = Path(__file__).parent / "files"
 HOMEPAGE = "https://developer.nvidia.com/cuda-downloads"
-
-# CUDA version the driver of a branch reports (nvidia-smi's "CUDA Version"; 580 → 13.0 on the real H200).
-BRANCH_CUDA = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
 
 
 def _catalog() -> dict[str, Any]:
@@ -74,35 +73,24 @@ KERNEL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidi
 
 
 def tool(module: str, prog: str, **constants: str) -> SimFile:
-    """An executable that runs one entry point of the lab's emulation library."""
-    args = ", ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
-    text = f"""#!/usr/bin/python3
-# {prog}: {SIMULATED}. Part of the gpuprov lab simulation; it answers from this lab host's
-# simulated hardware (/etc/gpuprov-lab/profile.json) and is not NVIDIA's program.
-import sys
-
-sys.path.insert(0, {PYLIB!r})
-from gpuprovsim import {module}  # noqa: E402
-
-sys.exit({module}.main({prog!r}, sys.argv[1:]{", " if args else ""}{args}))
-"""
-    return SimFile(text, 0o755)
+    """An executable that runs one entry point of the lab's GPU stand-in (gpuprov_lab/gpu)."""
+    return SimFile(image.launcher(module, prog, **constants), 0o755)
 
 
 def smi_launcher(**constants: str) -> SimFile:
-    """/usr/bin/nvidia-smi: on a lab host the simulated front end (gpuprovsim.smi); where the lab's
-    python library is absent it is NVIDIA's binary that answers. That is the case inside a container,
-    where the NVIDIA runtime mounts this file (the CDI spec names /usr/bin/nvidia-smi) and the lab's
-    images carry NVIDIA's binary where Debian installs it."""
+    """/usr/bin/nvidia-smi: on a lab host the simulated front end (gpu/smi.py); where the lab's GPU
+    stand-in is absent it is NVIDIA's binary that answers. That is the case inside a container, where the
+    NVIDIA runtime mounts this file (the CDI spec names /usr/bin/nvidia-smi) and the lab's images carry
+    NVIDIA's binary where Debian installs it."""
     args = ", ".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
-    call = f"from gpuprovsim import smi; sys.exit(smi.main('nvidia-smi', sys.argv[1:], {args}))"
+    call = f"from gpu import smi; sys.exit(smi.main('nvidia-smi', sys.argv[1:], {args}))"
     text = f"""#!/bin/sh
 # nvidia-smi: {SIMULATED} front end. Part of the gpuprov lab simulation: on a lab host it answers
 # from the host's simulated hardware (/etc/gpuprov-lab/profile.json) and NVIDIA's own binary
-# (/{vendor.NVIDIA_SMI_PATH}); where the lab's library is absent (inside a container) NVIDIA's binary
-# answers alone.
-if [ -d {PYLIB}/gpuprovsim ] && [ -x /usr/bin/python3 ]; then
-  exec /usr/bin/python3 -c "import sys; sys.path.insert(0, '{PYLIB}'); {call}" "$@"
+# (/{vendor.NVIDIA_SMI_PATH}); where the lab's GPU stand-in is absent (inside a container) NVIDIA's
+# binary answers alone.
+if [ -d {image.HOST_LIB}/gpu ] && [ -x /usr/bin/python3 ]; then
+  exec /usr/bin/python3 -c "import sys; sys.path.insert(0, '{image.HOST_LIB}'); {call}" "$@"
 fi
 exec /{vendor.NVIDIA_SMI_PATH} "$@"
 """
@@ -128,12 +116,12 @@ MOCK_NVML_PROVENANCE = (
 
 NVIDIA_SMI_PROVENANCE = (
     f"NVIDIA's nvidia-smi binary (Debian {vendor.NVIDIA_SMI_SUITE}'s non-free build, "
-    f"/{vendor.NVIDIA_SMI_PATH}) lists the GPUs (-L) and prints the summary table from NVIDIA's mock "
-    "NVML. /usr/bin/nvidia-smi in front of it is SIMULATED: it answers while no driver module is "
-    "loaded or the library and module disagree (the kernel module is simulated), -q and -q -x (the "
-    "real binary crashes on the mock), --version (the binary is its own branch, not the simulated "
-    "driver's), --query-gpu (the simulated hardware faults are not in the mock) and -pm (the mock "
-    "keeps no state)."
+    f"/{vendor.NVIDIA_SMI_PATH}) answers from NVIDIA's mock NVML: the GPU list (-L), the summary "
+    "table, queries. /usr/bin/nvidia-smi in front of it is SIMULATED where the binary cannot answer: "
+    "while no driver module is loaded or the library and module disagree (the kernel module is "
+    "simulated), -q -x (the real binary crashes on the mock), --version (the binary is its own branch, "
+    "not the simulated driver's), queries of MIG mode, persistence, ECC and the PCIe link (the "
+    "simulated states and faults are not in the mock) and MIG changes (the mock has no MIG devices)."
 )
 
 
@@ -149,52 +137,11 @@ def _mock_library(name: str) -> bytes:
 
 # ------------------------------------------------------------------------------------------ driver
 
-DKMS_CONF = """\
-# {label}: NVIDIA {flavour} kernel modules {version}
-PACKAGE_NAME="nvidia"
-PACKAGE_VERSION="{version}"
-AUTOINSTALL="yes"
-MAKE[0]="make modules KERNEL_UNAME=${{kernelver}} NV_FLAVOUR={flavour}"
-CLEAN="make clean"
-{modules}
-"""
+DKMS_CONF = (FILES / "dkms.conf").read_text()
 
-DKMS_MAKEFILE = """\
-# {label}: "builds" the NVIDIA kernel modules for KERNEL_UNAME. Each module is a tiny ELF object
-# compiled with the system's C compiler and carrying the real module name and modinfo (version,
-# license, vermagic), so dkms, depmod and modinfo handle it like a real module. It holds no driver
-# code; the lab's modprobe "loads" it into the simulated kernel state.
-KERNEL_UNAME ?= $(shell uname -r)
-NV_FLAVOUR ?= open
-CC ?= cc
-MODULES := {modules}
-SIM_CHECK ?= python3 {pylib}/gpuprovsim/dkmsbuild.py
+DKMS_MAKEFILE = (FILES / "dkms-Makefile").read_text()
 
-modules: $(addsuffix .ko,$(MODULES))
-
-%.ko: sim-module.c
-\t@$(SIM_CHECK) $* $(KERNEL_UNAME) $(NV_FLAVOUR) {version}
-\t$(CC) -c -o $@ -DSIM_NAME='"$(subst -,_,$*)"' -DSIM_VERSION='"{version}"' \\
-\t  -DSIM_LICENSE='"{license}"' -DSIM_VERMAGIC='"$(KERNEL_UNAME) SMP preempt mod_unload modversions "' \\
-\t  sim-module.c
-
-clean:
-\trm -f *.ko *.o
-
-.PHONY: modules clean
-"""
-
-MODULE_C = """\
-/* {label}: the modinfo of one simulated NVIDIA kernel module (no code). */
-#define SIM_INFO(tag, text) \\
-  static const char __sim_##tag[] __attribute__((section(".modinfo"), used, aligned(1))) = text
-SIM_INFO(version, "version=" SIM_VERSION);
-SIM_INFO(license, "license=" SIM_LICENSE);
-SIM_INFO(description, "description=NVIDIA kernel module, " "{label}");
-SIM_INFO(simulated, "simulated=gpuprov lab");
-SIM_INFO(name, "name=" SIM_NAME);
-SIM_INFO(vermagic, "vermagic=" SIM_VERMAGIC);
-"""
+MODULE_C = (FILES / "sim-module.c").read_text()
 
 
 def _dkms_postinst(version: str) -> str:
@@ -251,7 +198,7 @@ def _kernel_dkms(version: str, flavour: str) -> SimPackage:
                 DKMS_MAKEFILE.format(
                     label=label,
                     modules=" ".join(KERNEL_MODULES),
-                    pylib=PYLIB,
+                    pylib=image.HOST_LIB,
                     version=version,
                     license="Dual MIT/GPL" if open_ else "NVIDIA",
                 )
@@ -387,21 +334,7 @@ def _driver_packages(version: str) -> list[SimPackage]:
     return pkgs
 
 
-PERSISTENCED_UNIT = """\
-[Unit]
-Description=NVIDIA Persistence Daemon
-Wants=syslog.target
-
-[Service]
-Type=forking
-PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
-Restart=always
-ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced
-ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
-
-[Install]
-WantedBy=multi-user.target
-"""
+PERSISTENCED_UNIT = (FILES / "nvidia-persistenced.service").read_text()
 
 
 def systemd_scripts(unit: str, start: bool) -> dict[str, str]:
@@ -480,51 +413,9 @@ def _persistenced(version: str) -> SimPackage:
     )
 
 
-FABRICMANAGER_UNIT = """\
-[Unit]
-Description=NVIDIA fabric manager service
-After=network-online.target
-Requires=network-online.target
+FABRICMANAGER_UNIT = (FILES / "nvidia-fabricmanager.service").read_text()
 
-[Service]
-User=root
-PrivateTmp=false
-Type=forking
-TimeoutStartSec=240
-
-ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
-
-PIDFile=/var/run/nvidia-fabricmanager/nv-fabricmanager.pid
-LimitCORE=infinity
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-FABRICMANAGER_CFG = """\
-# NVIDIA Fabric Manager configuration ({label})
-# Fabric Manager log file name and location
-LOG_FILE_NAME=/var/log/fabricmanager.log
-# 0 - Critical, 1 - Error, 2 - Warning, 3 - Info, 4 - Debug
-LOG_LEVEL=4
-LOG_APPEND_TO_LOG=1
-LOG_FILE_MAX_SIZE=1024
-LOG_USE_SYSLOG=0
-DAEMONIZE=1
-BIND_INTERFACE_IP=127.0.0.1
-STARTING_TCP_PORT=16000
-FABRIC_MODE=0
-FABRIC_MODE_RESTART=0
-STATE_FILE_NAME=/tmp/fabricmanager.state
-FM_CMD_BIND_INTERFACE=127.0.0.1
-FM_CMD_PORT_NUMBER=6666
-FM_STAY_RESIDENT_ON_FAILURES=0
-ACCESS_LINK_FAILURE_MODE=0
-TRUNK_LINK_FAILURE_MODE=0
-NVSWITCH_FAILURE_MODE=0
-ABORT_CUDA_JOBS_ON_FM_EXIT=1
-TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch
-"""
+FABRICMANAGER_CFG = (FILES / "fabricmanager.cfg").read_text()
 
 
 def _fabricmanager(version: str) -> list[SimPackage]:
@@ -587,22 +478,7 @@ def _fabricmanager(version: str) -> list[SimPackage]:
 
 # -------------------------------------------------------------------------------------------- DCGM
 
-DCGM_UNIT = """\
-[Unit]
-Description=NVIDIA DCGM service
-Conflicts=dcgm.service
-
-[Service]
-User=root
-PrivateTmp=false
-
-ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
-
-Restart=on-abort
-
-[Install]
-WantedBy=multi-user.target
-"""
+DCGM_UNIT = (FILES / "nvidia-dcgm.service").read_text()
 
 
 def _dcgm_packages() -> list[SimPackage]:
@@ -691,28 +567,7 @@ TOOLKITS = {
     ),
 }
 
-NVCC = """#!/bin/sh
-# nvcc: {label}. Prints what the real nvcc of this toolkit prints for --version; it compiles nothing.
-case "$1" in
-  --version|-V)
-    cat <<'EOF'
-nvcc: NVIDIA (R) Cuda compiler driver
-Copyright (c) 2005-2025 NVIDIA Corporation
-Built on {built}
-Cuda compilation tools, release {release}, V{nvcc}
-Build {build}
-EOF
-    ;;
-  "")
-    echo "nvcc fatal   : No input files specified; use option --help for more information" >&2
-    exit 1
-    ;;
-  *)
-    echo "nvcc fatal   : {label}: this nvcc cannot compile" >&2
-    exit 1
-    ;;
-esac
-"""
+NVCC = (FILES / "nvcc").read_text()
 
 
 def _cuda_packages() -> list[SimPackage]:
@@ -824,20 +679,7 @@ fi
 
 # ---------------------------------------------------------------------------------- kernel headers
 
-HEADERS_MAKEFILE = """\
-# {label}: the kernel build tree of {release}. DKMS needs /lib/modules/$(uname -r)/build to exist;
-# the simulated NVIDIA modules bring their own Makefile, so this one only answers kbuild's basics.
-KERNELRELEASE = {release}
-VERSION = {major}
-PATCHLEVEL = {minor}
-SUBLEVEL = {sub}
-
-kernelrelease:
-\t@echo $(KERNELRELEASE)
-
-modules clean modules_install:
-\t@echo "{label}: nothing to do for $@"
-"""
+HEADERS_MAKEFILE = (FILES / "headers-Makefile").read_text()
 
 
 def kernel_release() -> str:

@@ -11,7 +11,7 @@ see the host's GPUs.
 VBIOS, power and link limits; the H200 model comes from a real H200's capture) and one device per GPU
 (UUID, bus id, minor number as the simulated nvidia-smi reports them). The ``system`` section (driver,
 NVML and CUDA versions) is left out: the host's simulated kernel adds it when the nvidia module loads
-(gpuprovsim/kmod.py), from the loaded module's version, and removes the file when it unloads, so NVML
+(gpu/kmod.py), from the loaded module's version, and removes the file when it unloads, so NVML
 fails to initialise while no driver is loaded, as it does on a real host.
 """
 

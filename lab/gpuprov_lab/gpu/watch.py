@@ -1,0 +1,97 @@
+"""Part of the gpuprov lab simulation: faults injected by the controller, applied while the host runs.
+
+faults.json changes at any time (``gpuprov lab fault``). :func:`sync` brings the simulated hardware in
+line with it: when a fault first shows, its time is recorded (so an Xid appears in the kernel log at
+the moment it "happened"), and the PCIe link attributes in sysfs follow the ``pcie`` fault. Every
+simulated tool calls it before answering, and gpuprov-lab-faultwatch.service calls it every second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from typing import Any
+
+from . import core, kmod
+
+
+def fault_key(f: dict[str, object]) -> str:
+    return json.dumps(f, sort_keys=True)
+
+
+def sync(host: core.Host) -> None:
+    faults = host.faults()
+    keys = {fault_key(f) for f in faults}
+    with host.locked() as st:
+        seen = st["fault_seen"]
+        for k in list(seen):
+            if k not in keys:
+                del seen[k]  # cleared: the lab "repaired" it
+        for k in sorted(keys):
+            seen.setdefault(k, round(host.uptime(st), 6))
+        kmod.users(st)  # daemons that died no longer hold the driver
+        kmod.render(host, st)
+    with contextlib.suppress(OSError):
+        update_links(host)
+
+
+def link_now(host: core.Host, dev: dict[str, Any]) -> tuple[int, int]:
+    """Current PCIe generation and width: the maximum, unless a pcie fault degrades that GPU."""
+    gen, width = int(dev.get("link_gen_max", 3)), int(dev.get("link_width_max", 1))
+    if dev.get("kind") == "gpu" and host.has_fault("pcie", dev["index"]):
+        return max(1, gen - 2), max(1, width // 2)
+    return gen, width
+
+
+def link_speed(gen: int) -> str:
+    return {
+        1: "2.5 GT/s PCIe",
+        2: "5.0 GT/s PCIe",
+        3: "8.0 GT/s PCIe",
+        4: "16.0 GT/s PCIe",
+        5: "32.0 GT/s PCIe",
+    }.get(gen, "64.0 GT/s PCIe")
+
+
+def update_links(host: core.Host) -> None:
+    """Re-read the pcie faults into the GPUs' current_link_speed/width (faults change while the host runs)."""
+    root = host.p("/sys/bus/pci/devices")
+    for g in host.gpus():
+        d = root / g["pci_address"]
+        if not (d / ".gpuprov-sim").exists():
+            continue
+        gen, width = link_now(host, {**g, "kind": "gpu"})
+        for name, value in (("current_link_speed", link_speed(gen)), ("current_link_width", str(width))):
+            f = d / name
+            with contextlib.suppress(OSError):
+                if f.read_text().strip() != value:
+                    core.write_text(f, value + "\n", 0o444)
+
+
+def _holder_died(host: core.Host) -> bool:
+    """A daemon that held the driver is gone (killed, crashed): its reference must go too."""
+    try:
+        st = json.loads((host.run_dir() / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(not core.pid_alive(int(pid)) for pid in st.get("users", {}).values())
+
+
+def main(prog: str, argv: list[str], **_: str) -> int:
+    host = core.Host()
+    interval = float(argv[0]) if argv else 1.0
+    last = None
+    while True:
+        try:
+            stamp = host.p(core.FAULTS).stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp != last or _holder_died(host):
+            try:
+                sync(host)
+                last = stamp
+            except Exception as exc:  # keep watching; say what went wrong
+                sys.stderr.write(f"{prog}: {exc}\n")
+        time.sleep(interval)
