@@ -295,7 +295,6 @@ def test_the_proprietary_flavour_loads_as_nvidias_own(tmp_path: Path) -> None:
     assert "(POE)" in (host.root / "run/gpuprov-lab/proc-modules").read_text()
 
 
-
 def test_a_restart_is_a_reboot(tmp_path: Path) -> None:
     host = SimHost(tmp_path, "h200")
     host.driver()

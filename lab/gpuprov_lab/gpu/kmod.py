@@ -175,9 +175,7 @@ def load(host: core.Host, name: str, prog: str = "modprobe") -> list[str]:
     return done
 
 
-def _load(
-    host: core.Host, st: dict[str, Any], name: str, prog: str, done: list[str]
-) -> None:
+def _load(host: core.Host, st: dict[str, Any], name: str, prog: str, done: list[str]) -> None:
     if loaded(st, name):
         return
     size_open, size_prop, deps = MODULES[name]

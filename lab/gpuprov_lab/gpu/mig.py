@@ -293,7 +293,6 @@ def _sorted_gis(table: tuple[GiProfile, ...], cur: dict[str, Any]) -> list[dict[
     return sorted(cur["gis"], key=lambda gi: (order[gi["profile"]], gi["id"]))
 
 
-
 Indexed = list[tuple[int, dict[str, Any]]]  # (nvidia-smi's GPU index, the GPU)
 
 

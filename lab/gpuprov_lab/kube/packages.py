@@ -147,6 +147,7 @@ def packages() -> list[SimPackage]:
 
 # ------------------------------------------------------------------------------------ mirror files
 
+
 def chart_index(tgz: bytes, version: str) -> bytes:
     """The chart repository's index.yaml for the chart archive, from its own Chart.yaml."""
     with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
