@@ -62,3 +62,16 @@ def test_holds_policy_on_the_real_capture() -> None:
     assert host.status_of("packages.held") == "fail"
     detail = " ".join(f.detail for f in host.findings if f.id == "packages.held")
     assert "cuda-nvcc-13-0" in detail
+
+
+H100_SNAPSHOT = SNAPSHOT.parent / "h100-device"
+
+
+def test_the_real_h100_replays_as_it_verified_live() -> None:
+    """The same read-only run on a real H100 80GB HBM3 host (docs/real-h200.md): the live
+    `verify --local` gave these results, and its snapshot replays to the same."""
+    (host,) = verify_snapshot(H100_SNAPSHOT).hosts
+    assert host.host == "vm"
+    assert {cid: host.status_of(cid) for cid in EXPECTED} == EXPECTED
+    present = next(f for f in host.findings if f.id == "gpu.present")
+    assert "10de:2330" in present.detail
