@@ -268,6 +268,33 @@ def snapshot(
     return 1 if any(r.error for r in results) else 0
 
 
+@app.command()
+def remediate(
+    inventory: InventoryOpt = None,
+    local: LocalOpt = False,
+    snapshot: SnapshotOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan only (required: acting is not in this version).")
+    ] = False,
+    limit: LimitOpt = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    parallel: ParallelOpt = 50,
+    timeout: TimeoutOpt = 180.0,
+) -> int:
+    """Decide per host and GPU what to do (none, reset-gpu, reboot, service) from Xids, the driver's
+    recovery action, row remapping and ECC (exit 1 when any host needs an action)."""
+    from provisioner.errors import InputError
+    from provisioner.health import remediate as R
+
+    if not dry_run:
+        raise InputError(R.ACT_REFUSED)
+    plans = R.run_remediate(
+        inventory=inventory, local=local, snapshot=snapshot, limit=limit, parallel=parallel, timeout=timeout
+    )
+    sys.stdout.write(R.to_json(plans) if output_format is OutputFormat.json else R.to_table(plans))
+    return R.exit_code(plans)
+
+
 class TopFormat(StrEnum):
     table = "table"
     json = "json"

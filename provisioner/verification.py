@@ -361,6 +361,14 @@ def verify_snapshot(
     groups: Mapping[str, Sequence[str]] | None = None,
 ) -> Report:
     """Evaluate a snapshot offline exactly as the live hosts would be."""
+    targets = snapshot_targets_in(root, limit, groups)
+    return verify_targets(targets, policy, checks=checks, parallel=8, source=f"snapshot {root}")
+
+
+def snapshot_targets_in(
+    root: Path, limit: str | None = None, groups: Mapping[str, Sequence[str]] | None = None
+) -> list[Target]:
+    """One target per host directory of a snapshot (validated: InputError before any is read)."""
     targets = []
     seen: dict[str, Path] = {}
     for d in snapshot_host_dirs(root, limit):
@@ -379,7 +387,7 @@ def verify_snapshot(
                 groups=tuple((groups or {}).get(ex.name, ())),
             )
         )
-    return verify_targets(targets, policy, checks=checks, parallel=8, source=f"snapshot {root}")
+    return targets
 
 
 # --------------------------------------------------------------------------------------- snapshots
@@ -606,6 +614,7 @@ __all__ = [
     "snapshot_hosts",
     "snapshot_local",
     "snapshot_targets",
+    "snapshot_targets_in",
     "ssh_targets",
     "verify_hosts",
     "verify_local",

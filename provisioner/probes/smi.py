@@ -56,6 +56,9 @@ class SmiGpu:
     performance_state: str | None = None
     event_reasons: dict[str, bool] = field(default_factory=dict)
     mig_mode: str | None = None
+    # The driver's own verdict on what this GPU needs (<gpu_recovery_action>: None, Reset, Reboot,
+    # Drain P2P, Drain and Reset), as printed; None where this driver prints no such element.
+    recovery_action: str | None = None
 
 
 @dataclass
@@ -197,6 +200,12 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
         gpu.link_width_max = _int(_text(link, "link_widths/max_link_width"), "max_link_width")
         gpu.performance_state = _text(g, "performance_state")
         gpu.mig_mode = _text(g, "mig_mode/current_mig")
+        recovery = _text(g, "gpu_recovery_action")
+        if recovery is not None and len(recovery) > 64:
+            raise ParseError(
+                f"nvidia-smi -q -x: GPU {index}: gpu_recovery_action is {len(recovery)} characters long"
+            )
+        gpu.recovery_action = recovery
         for container, prefix in (
             ("clocks_event_reasons", "clocks_event_reason_"),
             ("clocks_throttle_reasons", "clocks_throttle_reason_"),
