@@ -30,7 +30,15 @@ from provisioner.hosttext import last_line, short_safe_text
 from provisioner.mig import check_layout, parse_config, single_strategy_problem, wanted_devices
 from provisioner.migapply.fleet import CONFIG_LABEL, STATE_LABEL, MigFleet, MigProbe
 from provisioner.migapply.rollout import DEFAULT_STATE_TIMEOUT, MIG, MigOptions, MigRollout, devices_problem
-from provisioner.rollout.engine import RolloutOutcome, execute, exit_code, host_row, start_or_resume, summary
+from provisioner.rollout.engine import (
+    RolloutOutcome,
+    begin_new_run,
+    execute,
+    exit_code,
+    host_row,
+    start_or_resume,
+    summary,
+)
 from provisioner.rollout.model import ProgressFn, StepFailed
 from provisioner.rollout.plan import (
     CHANGE,
@@ -189,25 +197,14 @@ def run_mig_apply(
             for note in notes:
                 progress(None, f"note: {note}")
             if state is None:
-                record_dir = records.new_record(MIG.verb)
-                records.write_json(
-                    record_dir / "command.json",
-                    {"verb": MIG.verb, "inventory": inv_key, "limit": limit, "options": options.to_dict()},
-                )
-                state = RolloutState.create(
-                    record_dir,
-                    MIG,
-                    inventory=inv_key,
-                    options=options.to_dict(),
-                    plan=plan.to_dict(),
-                    hosts=names,
-                )
                 skipped = {
                     name: {"before": layouts[name], "after": layouts[name], "node": probes[name].node}
                     for name in plan.skipped
                 }
-                start_or_resume(state, plan, skipped, progress)
-                progress(None, f"record {record_dir}")
+                state = begin_new_run(
+                    records.new_record(MIG.verb), MIG, inventory=inv_key, limit=limit,
+                    options=options.to_dict(), plan=plan, hosts=names, skipped=skipped, progress=progress,
+                )  # fmt: skip
             else:
                 progress(None, f"mig apply: resuming {state.path.parent}")
                 start_or_resume(state, plan, None, progress)

@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from provisioner import records
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GpuprovError
 from provisioner.rollout.model import (
     OPERAND_LABEL_PREFIX,
@@ -42,6 +44,7 @@ from provisioner.rollout.state import (
     SKIPPED,
     UNCORDONING,
     VERIFYING,
+    ChangeKind,
     HostState,
     RolloutState,
 )
@@ -425,6 +428,32 @@ def sigint_to(rollout: Rollout[Any, Any]) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------ a run, start to end
+
+
+def begin_new_run(
+    record_dir: Path,
+    kind: ChangeKind,
+    *,
+    inventory: str,
+    limit: str | None,
+    options: Mapping[str, Any],
+    plan: Plan,
+    hosts: Sequence[str],
+    skipped: Mapping[str, Mapping[str, Any]],
+    progress: ProgressFn,
+) -> RolloutState:
+    """A new run's record: what was asked (command.json), its state file, its skipped hosts."""
+    hosts = list(hosts)
+    records.write_json(
+        record_dir / "command.json",
+        {"verb": kind.verb, "inventory": inventory, "limit": limit, "options": dict(options), "hosts": hosts},
+    )
+    state = RolloutState.create(
+        record_dir, kind, inventory=inventory, options=dict(options), plan=plan.to_dict(), hosts=hosts
+    )
+    start_or_resume(state, plan, skipped, progress)
+    progress(None, f"record {record_dir}")
+    return state
 
 
 def start_or_resume(

@@ -16,7 +16,15 @@ from typing import Any
 from provisioner import records
 from provisioner.content import role_default
 from provisioner.errors import EXIT_FAILED, EXIT_OK, InputError
-from provisioner.rollout.engine import RolloutOutcome, execute, exit_code, host_row, start_or_resume, summary
+from provisioner.rollout.engine import (
+    RolloutOutcome,
+    begin_new_run,
+    execute,
+    exit_code,
+    host_row,
+    start_or_resume,
+    summary,
+)
 from provisioner.rollout.model import DEFAULT_DRAIN_TIMEOUT, ProgressFn
 from provisioner.rollout.plan import BatchSize, Plan, check_count, check_limit_names, parse_batch
 from provisioner.rollout.state import CHANGED, RolloutState, inventory_lock, resumable
@@ -235,24 +243,6 @@ def run_upgrade(
                 if dry_run:
                     return dry_run_result(plan, options)
                 assert record_dir is not None
-                records.write_json(
-                    record_dir / "command.json",
-                    {
-                        "verb": DRIVER.verb,
-                        "inventory": inv_key,
-                        "limit": limit,
-                        "options": options.to_dict(),
-                        "hosts": names,
-                    },
-                )
-                state = RolloutState.create(
-                    record_dir,
-                    DRIVER,
-                    inventory=inv_key,
-                    options=options.to_dict(),
-                    plan=plan.to_dict(),
-                    hosts=names,
-                )
                 skipped = {
                     name: {
                         "before": probes[name].loaded,
@@ -262,8 +252,10 @@ def run_upgrade(
                     }
                     for name in plan.skipped
                 }
-                start_or_resume(state, plan, skipped, progress)
-                progress(None, f"record {record_dir}")
+                state = begin_new_run(
+                    record_dir, DRIVER, inventory=inv_key, limit=limit, options=options.to_dict(), plan=plan,
+                    hosts=names, skipped=skipped, progress=progress,
+                )  # fmt: skip
             else:
                 progress(None, f"upgrade-driver: resuming {state.path.parent}")
                 start_or_resume(state, plan, None, progress)
