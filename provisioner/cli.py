@@ -428,6 +428,14 @@ def mig_apply(
         float | None,
         typer.Option("--timeout", help="Seconds the MIG manager gets per node to report (default 600)."),
     ] = None,
+    advertise_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--advertise-timeout",
+            help="Seconds a node gets, after its MIG manager reports success, to advertise the layout's "
+            "resources (default 120).",
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -455,6 +463,7 @@ def mig_apply(
         resume=resume,
         dry_run=dry_run,
         state_timeout=timeout,
+        advertise_timeout=advertise_timeout,
         progress=Progress(),
     )
     if result.summary is not None:

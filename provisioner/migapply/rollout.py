@@ -38,7 +38,9 @@ from provisioner.rollout.state import CHANGED, FAILED, SKIPPED, UNCORDONING, VER
 APPLYING = "installing"
 MIG = ChangeKind("mig-apply", {APPLYING: frozenset({VERIFYING})})
 DEFAULT_STATE_TIMEOUT = 600.0
-ALLOCATABLE_WAIT = 120.0  # the device plugin comes back after the MIG manager restores its label
+# After the MIG manager's success, the device plugin comes back (the manager restores its label) and the
+# node advertises the layout's resources: how long that may take.
+DEFAULT_ADVERTISE_TIMEOUT = 120.0
 
 
 @dataclass
@@ -52,6 +54,7 @@ class MigOptions:
     drain: bool = False  # only GPU pods are evicted; the MIG manager takes the operands off itself
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     state_timeout: float = DEFAULT_STATE_TIMEOUT
+    advertise_timeout: float = DEFAULT_ADVERTISE_TIMEOUT
     configs: Mapping[str, list[MigEntry]] = field(default_factory=dict)
     host_services: tuple[str, ...] = (KUBELET_SERVICE,)  # what the MIG manager may stop on a host
 
@@ -65,6 +68,7 @@ class MigOptions:
             "pause": self.pause,
             "drain_timeout": self.drain_timeout,
             "state_timeout": self.state_timeout,
+            "advertise_timeout": self.advertise_timeout,
         }
 
 
@@ -259,7 +263,7 @@ class MigRollout(Rollout[MigFleet, MigOptions]):
             {k: 0 for k in self._advertised(s.node) if k.startswith("nvidia.com/mig-") and k not in expected}
         )
         try:
-            end = time.monotonic() + ALLOCATABLE_WAIT
+            end = time.monotonic() + self.opt.advertise_timeout
             while True:
                 got = self._advertised(s.node)
                 wrong = [

@@ -29,7 +29,14 @@ from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.mig import check_layout, parse_config, single_strategy_problem, wanted_devices
 from provisioner.migapply.fleet import CONFIG_LABEL, STATE_LABEL, MigFleet, MigProbe
-from provisioner.migapply.rollout import DEFAULT_STATE_TIMEOUT, MIG, MigOptions, MigRollout, devices_problem
+from provisioner.migapply.rollout import (
+    DEFAULT_ADVERTISE_TIMEOUT,
+    DEFAULT_STATE_TIMEOUT,
+    MIG,
+    MigOptions,
+    MigRollout,
+    devices_problem,
+)
 from provisioner.rollout.engine import (
     RolloutOutcome,
     begin_new_run,
@@ -122,6 +129,7 @@ def run_mig_apply(
     resume: bool = False,
     dry_run: bool = False,
     state_timeout: float | None = None,
+    advertise_timeout: float | None = None,
     progress: ProgressFn | None = None,
     confirm: Callable[[str], bool] | None = None,
     fleet_factory: Callable[..., MigFleet] = MigFleet,
@@ -133,8 +141,9 @@ def run_mig_apply(
         raise InputError("-i/--inventory is required (try: gpuprov lab inventory)")
     if resume and (dry_run or limit):
         raise InputError("--resume continues the recorded run: leave out --dry-run and --limit")
-    if state_timeout is not None and not (0 < state_timeout < math.inf):
-        raise InputError(f"--timeout {state_timeout:g}: must be a number of seconds more than 0")
+    for flag, seconds in (("--timeout", state_timeout), ("--advertise-timeout", advertise_timeout)):
+        if seconds is not None and not (0 < seconds < math.inf):
+            raise InputError(f"{flag} {seconds:g}: must be a number of seconds more than 0")
     batch_size = parse_batch(batch)
     canary_n = check_count("--canary", canary) if canary is not None else 0
     max_fail_n = check_count("--max-fail", max_fail) if max_fail is not None else 0
@@ -182,6 +191,7 @@ def run_mig_apply(
                 canary=canary_n,
                 max_fail=max_fail_n,
                 state_timeout=state_timeout or DEFAULT_STATE_TIMEOUT,
+                advertise_timeout=advertise_timeout or DEFAULT_ADVERTISE_TIMEOUT,
             )
             names = [h.name for h in selected]
             progress(None, f"mig apply: reading the cluster's MIG manager settings and {len(names)} host(s)")

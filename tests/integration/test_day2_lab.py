@@ -170,7 +170,8 @@ def test_mig_apply_drives_the_real_mig_manager(day2: Day2) -> None:
     assert plan["dry_run"] and plan["batches"] == [["gpu1"]], plan
     assert day2.node("gpu1")["metadata"]["labels"].get("nvidia.com/mig.config") != "all-1g.18gb"
 
-    rc, summary, err = day2.mig_apply("--limit", "gpu1", "--timeout", "240")
+    # The mock NVML has no MIG devices, so the node never advertises them: 30 s is enough to say so.
+    rc, summary, err = day2.mig_apply("--limit", "gpu1", "--timeout", "240", "--advertise-timeout", "30")
     assert rc == 1, f"{summary}\n{err[-3000:]}"
     host = summary["hosts"][0]
     assert host["result"] == "failed", host

@@ -486,3 +486,27 @@ systemd-services:
     assert parse_gpu_clients(text) == ("kubelet.service", "nvsm.service", "dcgm.service")
     assert parse_gpu_clients("&a [") == ("kubelet.service",)
     assert parse_gpu_clients("- just a list") == ("kubelet.service",)
+
+
+def test_a_node_that_never_advertises_the_layout_fails_after_the_advertise_timeout(env: Path) -> None:
+    """The manager says success but the device plugin keeps advertising whole GPUs (as over NVIDIA's mock
+    NVML): mig apply waits --advertise-timeout, then fails the node and leaves it cordoned."""
+    import time
+
+    cluster = FakeCluster()
+    cluster.allocatable = lambda node: {"nvidia.com/gpu": str(GPUS[node][1])}  # type: ignore[method-assign]
+    start = time.monotonic()
+    result, _ = apply(env, cluster, limit="gpu1", advertise_timeout=0.2)
+    assert time.monotonic() - start < 30
+    assert result.exit_code == EXIT_FAILED
+    host = result.summary["hosts"][0]  # type: ignore[index]
+    assert "advertises nvidia.com/gpu=1 (expected 0)" in host["reason"], host
+    assert cluster.nodes["gpu1"]["cordoned"] is True
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("inf"), float("nan")])
+def test_an_advertise_timeout_that_is_no_duration_is_refused(env: Path, seconds: float) -> None:
+    cluster = FakeCluster()
+    with pytest.raises(InputError, match="--advertise-timeout"):
+        apply(env, cluster, advertise_timeout=seconds)
+    assert cluster.log == []
