@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def gpg(home: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The same key twice: as made in 2020 with a one-year expiry, and after its expiry was extended."""
     home = tmp_path_factory.mktemp("gnupg")
     home.chmod(0o700)
@@ -52,7 +53,11 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         scratch = tmp_path_factory.mktemp(f"show-{name}")
         scratch.chmod(0o700)
         show[name] = gpg(scratch, "--show-keys", "--with-colons", str(f)).splitlines()
-    return {"fpr": fpr, "show": show}
+    yield {"fpr": fpr, "show": show}
+    # Making the key started a gpg-agent for that home: stop it with the test.
+    subprocess.run(
+        ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True
+    )
 
 
 def render(expr: str, variables: dict[str, Any]) -> Any:
