@@ -22,7 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from gpuprov_lab import distros, engine, faults, image, inventory, keys, mirror, paths, plan, proc, state
+from gpuprov_lab import (
+    distros,
+    engine,
+    faults,
+    image,
+    inventory,
+    keys,
+    mirror,
+    paths,
+    plan,
+    proc,
+    state,
+    vendor,
+)
 from gpuprov_lab.engine import Docker, Progress, _quiet
 from gpuprov_lab.errors import LabError
 from gpuprov_lab.kube import images, registry
@@ -125,6 +138,7 @@ def refuse_real_nvidia_driver(marker: Path = REAL_DRIVER_MARKER) -> None:
 def up(req: UpRequest, progress: Progress = _quiet) -> LabState:
     """Create or reconcile a lab; return its state once every host answers SSH."""
     existing, count, profiles, net = validate(req)
+    vendor.require_all()
     t0 = time.monotonic()
     with state.lock():
         docker = engine.ensure_engine(progress)

@@ -68,6 +68,13 @@ def artifact(kind: str, rel: str = "") -> Path:
     return path
 
 
+def require_all() -> None:
+    """Every vendor artifact's directory is there: checked before a lab starts anything (an engine, a
+    mirror), so that a missing one is the only thing that happens."""
+    for kind in ARTIFACTS:
+        artifact(kind)
+
+
 def nvidia_ctk() -> Path:
     """The real nvidia-ctk 1.20.0."""
     return artifact("nvidia-container-toolkit", "bin/nvidia-ctk")
