@@ -3,51 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_inventory import assert_untouched, inventory, write_inventory
+from cli_inventory import gpuprov as run_gpuprov
 
-# Addresses from TEST-NET-1: if anything tried to reach them, the run would hang or fail, not pass.
-INVENTORY = """
-all:
-  children:
-    k8s_cluster:
-      children:
-        kube_control_plane:
-          hosts:
-            cp1: {ansible_host: 192.0.2.10}
-        gpu_nodes:
-          hosts:
-            gpu1: {ansible_host: 192.0.2.11}
-"""
+INVENTORY = inventory("gpu1: {ansible_host: 192.0.2.11}")
 
 
 def gpuprov(home: Path, *args: str, stdin: str | None = "") -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, GPUPROV_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "provisioner", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        input=stdin,
-        timeout=60,
-    )
+    return run_gpuprov(home, *args, input=stdin, timeout=60)
 
 
 @pytest.fixture
 def inv(tmp_path: Path) -> Path:
-    (tmp_path / "inv" / "group_vars").mkdir(parents=True)
-    path = tmp_path / "inv" / "hosts.yml"
-    path.write_text(INVENTORY)
-    return path
-
-
-def assert_untouched(home: Path) -> None:
-    runs = home / "runs"
-    assert not runs.exists() or not any(runs.iterdir()), "a run record means hosts were worked on"
+    return write_inventory(tmp_path, INVENTORY, group_vars=True)
 
 
 def test_inventory_required(tmp_path: Path) -> None:

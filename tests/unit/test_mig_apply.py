@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inventory import inventory
 
 from provisioner.errors import EXIT_FAILED, EXIT_OK, InputError
 from provisioner.mig import parse_mig_devices
@@ -26,22 +27,12 @@ from provisioner.migapply.fleet import (
 )
 from provisioner.rollout.model import NodeInfo, StepFailed
 
-INVENTORY = """
-all:
-  children:
-    k8s_cluster:
-      children:
-        kube_control_plane:
-          hosts:
-            cp1: {ansible_host: 192.0.2.10}
-        gpu_nodes:
-          vars:
-            gpuprov_mig_strategy: mixed
-          hosts:
-            gpu1: {ansible_host: 192.0.2.11, gpuprov_mig_config: all-1g.18gb}
-            gpu2: {ansible_host: 192.0.2.12, gpuprov_mig_config: all-balanced}
-            gpu3: {ansible_host: 192.0.2.13}
-"""
+INVENTORY = inventory(
+    "gpu1: {ansible_host: 192.0.2.11, gpuprov_mig_config: all-1g.18gb}",
+    "gpu2: {ansible_host: 192.0.2.12, gpuprov_mig_config: all-balanced}",
+    "gpu3: {ansible_host: 192.0.2.13}",
+    gpu_vars=("gpuprov_mig_strategy: mixed",),
+)
 
 # The layouts as NVIDIA's default config writes them (entries filtered by PCI device id).
 CONFIG = """

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_inventory import assert_untouched, gpuprov, inventory, write_inventory
 from test_upgrade_fakes import FakeFleet, FakeHost
 
 from provisioner.errors import InputError
@@ -24,21 +24,9 @@ def run_upgrade(*, output_format: str = "table", **kw: Any) -> int:
     return render.show(verb.run_upgrade(**kw), output_format)
 
 
-# Addresses from TEST-NET-1: if anything tried to reach them, the run would hang or fail, not pass.
-INVENTORY = """
-all:
-  children:
-    k8s_cluster:
-      children:
-        kube_control_plane:
-          hosts:
-            cp1: {ansible_host: 192.0.2.10}
-        gpu_nodes:
-          hosts:
-            gpu1: {ansible_host: 192.0.2.11}
-            gpu2: {ansible_host: 192.0.2.12}
-            gpu3: {ansible_host: 192.0.2.13}
-"""
+INVENTORY = inventory(
+    "gpu1: {ansible_host: 192.0.2.11}", "gpu2: {ansible_host: 192.0.2.12}", "gpu3: {ansible_host: 192.0.2.13}"
+)
 
 
 @pytest.fixture
@@ -49,28 +37,11 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def inv(tmp_path: Path) -> Path:
-    (tmp_path / "inv").mkdir()
-    path = tmp_path / "inv" / "hosts.yml"
-    path.write_text(INVENTORY)
-    return path
+    return write_inventory(tmp_path, INVENTORY)
 
 
 def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, GPUPROV_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "provisioner", "upgrade-driver", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-        check=False,
-    )
-
-
-def assert_untouched(home: Path) -> None:
-    runs = home / "runs"
-    assert not runs.exists() or not any(runs.iterdir()), "a run record means hosts were worked on"
+    return gpuprov(home, "upgrade-driver", *args, stdin=subprocess.DEVNULL, timeout=120, check=False)
 
 
 @pytest.mark.parametrize(
