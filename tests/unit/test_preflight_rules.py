@@ -53,6 +53,18 @@ def probe(pci: list[dict[str, str]], **over: Any) -> dict[str, Any]:
     return doc
 
 
+def no_build_dir(*, candidate: str, apt_lists: int, newest: int) -> dict[str, Any]:
+    """The headers probe of a kernel whose build directory is missing, with what apt offers for it."""
+    return {
+        "kernel": "6.1.0-x",
+        "build_dir": False,
+        "package": "linux-headers-6.1.0-x",
+        "candidate": candidate,
+        "apt_lists": apt_lists,
+        "apt_lists_newest": newest,
+    }
+
+
 H200 = gpu("0x2335")
 NVSWITCHES = [gpu("0x22a3", f"0000:0{i}:00.0", "0x068000") for i in range(1, 5)]
 H100 = [gpu("0x2330", f"0000:1{i}:00.0") for i in range(8)]
@@ -187,50 +199,20 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "no_headers": (
         "gpu_nodes",
         {},
-        probe(
-            [H200],
-            headers={
-                "kernel": "6.1.0-x",
-                "build_dir": False,
-                "package": "linux-headers-6.1.0-x",
-                "candidate": "",
-                "apt_lists": 12,
-                "apt_lists_newest": 1764000000,
-            },
-        ),
+        probe([H200], headers=no_build_dir(candidate="", apt_lists=12, newest=1764000000)),
         {"fails": "apt has no candidate for linux-headers-6.1.0-x (apt's package lists are from 2025-11-24"},
     ),
     # A new host has no apt lists yet: whether the headers exist shows at install time, not here.
     "headers_unknown_without_lists": (
         "gpu_nodes",
         {},
-        probe(
-            [H200],
-            headers={
-                "kernel": "6.1.0-x",
-                "build_dir": False,
-                "package": "linux-headers-6.1.0-x",
-                "candidate": "",
-                "apt_lists": 0,
-                "apt_lists_newest": 0,
-            },
-        ),
+        probe([H200], headers=no_build_dir(candidate="", apt_lists=0, newest=0)),
         {"flavor": "open"},
     ),
     "headers_installable": (
         "gpu_nodes",
         {},
-        probe(
-            [H200],
-            headers={
-                "kernel": "6.1.0-x",
-                "build_dir": False,
-                "package": "linux-headers-6.1.0-x",
-                "candidate": "6.1.0-1",
-                "apt_lists": 12,
-                "apt_lists_newest": 1764000000,
-            },
-        ),
+        probe([H200], headers=no_build_dir(candidate="6.1.0-1", apt_lists=12, newest=1764000000)),
         {"flavor": "open"},
     ),
     "apt_locked": (
