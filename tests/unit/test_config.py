@@ -20,12 +20,17 @@ argument_specs:
 """
 
 
+def roles_dir(root: Path, role: str, spec: str) -> Path:
+    """A roles directory holding one role with this meta/argument_specs.yml."""
+    meta = root / role / "meta"
+    meta.mkdir(parents=True)
+    (meta / "argument_specs.yml").write_text(spec)
+    return root
+
+
 @pytest.fixture
 def roles(tmp_path: Path) -> Path:
-    meta = tmp_path / "roles" / "demo" / "meta"
-    meta.mkdir(parents=True)
-    (meta / "argument_specs.yml").write_text(SPEC)
-    return tmp_path / "roles"
+    return roles_dir(tmp_path / "roles", "demo", SPEC)
 
 
 def problems(roles: Path, **hostvars: object) -> list[str]:
@@ -112,10 +117,7 @@ argument_specs:
 
 @pytest.fixture
 def typed_roles(tmp_path: Path) -> Path:
-    meta = tmp_path / "typed_roles" / "typed" / "meta"
-    meta.mkdir(parents=True)
-    (meta / "argument_specs.yml").write_text(TYPED_SPEC)
-    return tmp_path / "typed_roles"
+    return roles_dir(tmp_path / "typed_roles", "typed", TYPED_SPEC)
 
 
 @pytest.mark.parametrize(
