@@ -39,6 +39,11 @@ def with_xml(xml: str) -> dict[str, tuple[int, str, str]]:
     return probes
 
 
+def no_such_file(path: str) -> tuple[int, str, str]:
+    """What the probe's `cat` returns for a file that is not there."""
+    return (1, "", f"cat: {path}: No such file or directory")
+
+
 def exp_from(mapping: dict[str, object]) -> Expectations:
     return policy_from_mapping(mapping).expectations_for("h200")
 
@@ -327,16 +332,8 @@ def test_no_driver_installed() -> None:
     probes = vf.h200_probes()
     probes[SMI] = (127, "", "timeout: failed to run command 'nvidia-smi': No such file or directory")
     probes["nvidia-smi-version.txt"] = (127, "", "timeout: failed to run command 'nvidia-smi'")
-    probes["proc-driver-nvidia-version"] = (
-        1,
-        "",
-        "cat: /proc/driver/nvidia/version: No such file or directory",
-    )
-    probes["sys-module-nvidia-version"] = (
-        1,
-        "",
-        "cat: /sys/module/nvidia/version: No such file or directory",
-    )
+    probes["proc-driver-nvidia-version"] = no_such_file("/proc/driver/nvidia/version")
+    probes["sys-module-nvidia-version"] = no_such_file("/sys/module/nvidia/version")
     findings = run(probes)
     (f,) = findings["driver.loaded"]
     assert f.status == "fail" and "not loaded" in f.detail and "nvidia-smi not found" in f.detail
@@ -363,11 +360,7 @@ def test_driver_installed_but_module_not_loaded() -> None:
         "latest NVIDIA driver is installed and running."
     )
     probes[SMI] = (9, msg + "\n", "")
-    probes["proc-driver-nvidia-version"] = (
-        1,
-        "",
-        "cat: /proc/driver/nvidia/version: No such file or directory",
-    )
+    probes["proc-driver-nvidia-version"] = no_such_file("/proc/driver/nvidia/version")
     probes["modules.txt"] = (0, "nouveau 2887680 0 - Live 0x0000000000000000\n", "")
     (f,) = run(probes)["driver.loaded"]
     assert f.status == "fail" and "couldn't communicate" in f.detail and "nouveau is loaded" in f.detail
