@@ -15,10 +15,11 @@ label protocol of NVIDIA mig-parted's k8s-mig-manager:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,25 +154,32 @@ class MigFleet:
 
     # -- hosts
 
-    def _probe_one(self, name: str) -> MigProbe:
+    @contextlib.contextmanager
+    def _session(self, name: str) -> Iterator[tuple[SshExecutor, list[str]]]:
+        """One SSH connection to a host (closed by an interrupt too) and the prefix its root commands need."""
         spec = self.specs[name]
         ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
         self._live.add(ex)
-        sudo = ["sudo", "-n", "--"] if needs_become(spec) else []
         try:
-            hostname = ex.run(["cat", "/proc/sys/kernel/hostname"], 15).stdout.strip().lower()
-            machine_id = ex.run(["cat", "/etc/machine-id"], 15).stdout.strip()
-            query = ex.run([*sudo, *_QUERY], 60)
-            listing = ex.run([*sudo, "nvidia-smi", "-L"], 60)
-        except ExecutorError as exc:
-            return MigProbe(name, error=exc.reason)
+            yield ex, ["sudo", "-n", "--"] if needs_become(spec) else []
         finally:
             self._live.discard(ex)
             ex.close()
+
+    def _probe_one(self, name: str) -> MigProbe:
+        try:
+            with self._session(name) as (ex, sudo):
+                hostname = ex.run(["cat", "/proc/sys/kernel/hostname"], 15).stdout.strip().lower()
+                machine_id = ex.run(["cat", "/etc/machine-id"], 15).stdout.strip()
+                query = ex.run([*sudo, *_QUERY], 60)
+                listing = ex.run([*sudo, "nvidia-smi", "-L"], 60)
+                address = ex.target.address
+        except ExecutorError as exc:
+            return MigProbe(name, error=exc.reason)
         probe = MigProbe(
             name,
             machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
-            address=ex.target.address,
+            address=address,
             node=hostname if valid_node_name(hostname) else None,
             node_error=None
             if valid_node_name(hostname)
@@ -309,28 +317,23 @@ class MigFleet:
     def start_stopped_services(self, host: str, services: Sequence[str]) -> list[str]:
         """Start each of `services` that is enabled on `host` but not running; the names started.
         StepFailed when the host cannot be reached or a start fails."""
-        spec = self.specs[host]
-        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
-        self._live.add(ex)
-        sudo = ["sudo", "-n", "--"] if needs_become(spec) else []
         started = []
         try:
-            for name in services:
-                if not _SERVICE.fullmatch(name):
-                    continue
-                if ex.run(["systemctl", "-q", "is-active", "--", name], 30).rc == 0:
-                    continue
-                if ex.run(["systemctl", "-q", "is-enabled", "--", name], 30).rc != 0:
-                    continue  # absent or disabled: not something the manager stopped
-                res = ex.run([*sudo, "systemctl", "start", "--", name], 120)
-                if res.rc != 0:
-                    raise StepFailed(f"systemctl start {name}: {last_line(res.stderr) or f'exit {res.rc}'}")
-                started.append(name)
+            with self._session(host) as (ex, sudo):
+                for name in services:
+                    if not _SERVICE.fullmatch(name):
+                        continue
+                    if ex.run(["systemctl", "-q", "is-active", "--", name], 30).rc == 0:
+                        continue
+                    if ex.run(["systemctl", "-q", "is-enabled", "--", name], 30).rc != 0:
+                        continue  # absent or disabled: not something the manager stopped
+                    res = ex.run([*sudo, "systemctl", "start", "--", name], 120)
+                    if res.rc != 0:
+                        why = last_line(res.stderr) or f"exit {res.rc}"
+                        raise StepFailed(f"systemctl start {name}: {why}")
+                    started.append(name)
         except ExecutorError as exc:
             raise StepFailed(f"host {host}: {exc.reason}") from exc
-        finally:
-            self._live.discard(ex)
-            ex.close()
         return started
 
     def node_ready(self, node: str) -> bool:

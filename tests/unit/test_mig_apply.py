@@ -501,3 +501,72 @@ def test_an_advertise_timeout_that_is_no_duration_is_refused(env: Path, seconds:
     with pytest.raises(InputError, match="--advertise-timeout"):
         apply(env, cluster, advertise_timeout=seconds)
     assert cluster.log == []
+
+
+class _FakeHostShell:
+    """An SSH session to a host whose systemd knows a few units: (active, enabled) per unit."""
+
+    def __init__(self, units: dict[str, tuple[bool, bool]], start_fails: bool = False) -> None:
+        self.units = units
+        self.start_fails = start_fails
+        self.commands: list[list[str]] = []
+        self.closed = False
+
+    def run(self, argv: list[str], timeout: float) -> Any:
+        from provisioner.executors import CommandResult
+
+        self.commands.append(list(argv))
+        verb, name = argv[-3], argv[-1]
+        active, enabled = self.units.get(name, (False, False))
+        if verb == "is-active":
+            return CommandResult(0 if active else 3, "", "", 0.0)
+        if verb == "is-enabled":
+            return CommandResult(0 if enabled else 1, "", "", 0.0)
+        if self.start_fails:
+            return CommandResult(1, "", f"Job for {name} failed.\n", 0.0)
+        self.units[name] = (True, enabled)
+        return CommandResult(0, "", "", 0.0)
+
+
+def _host_fleet(shell: _FakeHostShell, become: bool) -> Any:
+    import contextlib
+
+    from provisioner.migapply.fleet import MigFleet
+
+    fleet = MigFleet.__new__(MigFleet)
+
+    @contextlib.contextmanager
+    def session(name: str) -> Any:
+        assert name == "gpu1"
+        try:
+            yield shell, (["sudo", "-n", "--"] if become else [])
+        finally:
+            shell.closed = True
+
+    fleet._session = session  # type: ignore[method-assign]
+    return fleet
+
+
+def test_only_enabled_services_that_are_not_running_are_started() -> None:
+    shell = _FakeHostShell(
+        {
+            "kubelet.service": (False, True),  # stopped by the manager: started
+            "nvidia-persistenced.service": (True, True),  # running: left alone
+            "dcgm.service": (False, False),  # disabled: left alone
+        }
+    )
+    fleet = _host_fleet(shell, become=True)
+    services = ("kubelet.service", "nvidia-persistenced.service", "dcgm.service", "--now", "x;reboot.service")
+    assert fleet.start_stopped_services("gpu1", services) == ["kubelet.service"]
+    starts = [c for c in shell.commands if "start" in c]
+    assert starts == [["sudo", "-n", "--", "systemctl", "start", "--", "kubelet.service"]]
+    # Names that are not plain unit names never reach the host.
+    assert not [c for c in shell.commands if c[-1] in ("--now", "x;reboot.service")]
+    assert shell.closed
+
+
+def test_a_start_that_fails_is_a_step_failure_naming_the_unit() -> None:
+    shell = _FakeHostShell({"kubelet.service": (False, True)}, start_fails=True)
+    with pytest.raises(StepFailed, match=r"systemctl start kubelet.service: Job for kubelet.service failed"):
+        _host_fleet(shell, become=False).start_stopped_services("gpu1", ("kubelet.service",))
+    assert shell.closed
