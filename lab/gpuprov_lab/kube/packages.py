@@ -12,6 +12,7 @@ around the real binaries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import tarfile
@@ -64,15 +65,14 @@ def kube_packages(minor: str) -> list[SimPackage]:
         for p in sorted(cni_plugins.path("usr/lib/cni").iterdir())
         if p.is_file()
     }
+    pkg = functools.partial(SimPackage, repo=repo, homepage=HOMEPAGE)
     return [
-        SimPackage(
+        pkg(
             name="kubelet",
             version=kube,
-            repo=repo,
             description="Node agent for Kubernetes clusters",
             depends=["iptables (>= 1.4.21)", "kubernetes-cni (>= 1.2.0)", "libc6", "mount", "util-linux"],
             section="net",
-            homepage=HOMEPAGE,
             files={
                 "/usr/bin/kubelet": SimFile(binaries.kubernetes("kubelet").read_bytes(), 0o755),
                 "/usr/lib/systemd/system/kubelet.service": SimFile(KUBELET_SERVICE),
@@ -80,49 +80,41 @@ def kube_packages(minor: str) -> list[SimPackage]:
             maintainer_scripts=systemd_scripts("kubelet.service", start=True),
             real=_real(built),
         ),
-        SimPackage(
+        pkg(
             name="kubeadm",
             version=kube,
-            repo=repo,
             description="Command-line utility for administering a Kubernetes cluster",
             depends=["cri-tools (>= 1.30.0)"],
             section="admin",
-            homepage=HOMEPAGE,
             files={
                 "/usr/bin/kubeadm": SimFile(binaries.kubernetes("kubeadm").read_bytes(), 0o755),
                 "/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf": SimFile(KUBEADM_DROPIN),
             },
             real=_real(built),
         ),
-        SimPackage(
+        pkg(
             name="kubectl",
             version=kube,
-            repo=repo,
             description="Command-line utility for interacting with a Kubernetes cluster",
             section="admin",
-            homepage=HOMEPAGE,
             files={"/usr/bin/kubectl": SimFile(vendor.kubectl().read_bytes(), 0o755)},
             real=_real(f"kubectl v{upstream}, the Kubernetes project's release binary"),
         ),
-        SimPackage(
+        pkg(
             name="kubernetes-cni",
             version=pins["cni"],
-            repo=repo,
             description="Binaries required to provision kubernetes container networking",
             section="net",
-            homepage=HOMEPAGE,
             files=cni_files,
             real=_real(
                 f"the CNI reference plugins, Debian's containernetworking-plugins {cni_plugins.version}"
             ),
         ),
-        SimPackage(
+        pkg(
             name="cri-tools",
             version=pins["cri-tools"],
-            repo=repo,
             description="Command-line utility for interacting with a container runtime",
             section="admin",
-            homepage=HOMEPAGE,
             files={"/usr/bin/crictl": SimFile(CRICTL_PLACEHOLDER, 0o755)},
         ),
     ]

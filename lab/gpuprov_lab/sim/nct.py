@@ -16,6 +16,7 @@ and libnvidia-container-tools, whose nvidia-container-cli answers ``--version`` 
 
 from __future__ import annotations
 
+import functools
 import re
 
 from gpuprov_lab import vendor
@@ -123,14 +124,12 @@ def packages() -> list[SimPackage]:
     env_file = "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env"
     units[env_file] = SimFile(_real("systemd/nvidia-cdi-refresh.env") + LAB_CDI_SETTINGS)
     units[RUNTIME_CONFIG] = SimFile(LAB_RUNTIME_SETTINGS)
+    pkg = functools.partial(SimPackage, version=FULL, repo=NCT_REPO, homepage=HOMEPAGE)
     return [
-        SimPackage(
+        pkg(
             name="libnvidia-container1",
-            version=FULL,
-            repo=NCT_REPO,
             description="NVIDIA container runtime library",
             section="libs",
-            homepage=HOMEPAGE,
             files={
                 lib: SimFile(shared_object("libnvidia-container.so.1", f"{label} libnvidia-container")),
                 f"{LIBDIR}/libnvidia-container.so.1": SimFile(link_to=f"libnvidia-container.so.{VERSION}"),
@@ -143,26 +142,20 @@ def packages() -> list[SimPackage]:
             },
             maintainer_scripts={"triggers": "activate-noawait ldconfig\n"},
         ),
-        SimPackage(
+        pkg(
             name="libnvidia-container-tools",
-            version=FULL,
-            repo=NCT_REPO,
             description="NVIDIA container runtime library (command-line tools)",
             depends=[f"libnvidia-container1 (>= {FULL})"],
             section="utils",
-            homepage=HOMEPAGE,
             files={"/usr/bin/nvidia-container-cli": SimFile(NVIDIA_CONTAINER_CLI, 0o755)},
         ),
-        SimPackage(
+        pkg(
             name="nvidia-container-toolkit-base",
-            version=FULL,
-            repo=NCT_REPO,
             description="NVIDIA Container Toolkit Base",
             depends=_control_field("nvidia-container-toolkit-base", "Depends"),
             breaks=_control_field("nvidia-container-toolkit-base", "Breaks"),
             replaces=_control_field("nvidia-container-toolkit-base", "Replaces"),
             section="utils",
-            homepage=HOMEPAGE,
             files={
                 "/usr/bin/nvidia-ctk": SimFile(_real("bin/nvidia-ctk"), 0o755),
                 "/usr/bin/nvidia-container-runtime": SimFile(_real("bin/nvidia-container-runtime"), 0o755),
@@ -177,16 +170,13 @@ def packages() -> list[SimPackage]:
             },
             real=real,
         ),
-        SimPackage(
+        pkg(
             name="nvidia-container-toolkit",
-            version=FULL,
-            repo=NCT_REPO,
             description="NVIDIA Container toolkit",
             depends=_control_field("nvidia-container-toolkit", "Depends"),
             breaks=_control_field("nvidia-container-toolkit", "Breaks"),
             replaces=_control_field("nvidia-container-toolkit", "Replaces"),
             section="utils",
-            homepage=HOMEPAGE,
             files={
                 "/usr/bin/nvidia-container-runtime-hook": SimFile(
                     _real("bin/nvidia-container-runtime-hook"), 0o755
