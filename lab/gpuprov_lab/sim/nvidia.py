@@ -217,17 +217,15 @@ def _driver_packages(version: str) -> list[SimPackage]:
     label = f"{SIMULATED} NVIDIA driver {version}"
     ml = f"{LIBDIR}/libnvidia-ml.so.{version}"
     cu = f"{LIBDIR}/libcuda.so.{version}"
+    pkg = functools.partial(SimPackage, version=full, repo=_repo(version), homepage=HOMEPAGE)
     pkgs = [
         _kernel_dkms(version, "open"),
         _kernel_dkms(version, "proprietary"),
-        SimPackage(
+        pkg(
             name="nvidia-kernel-support",
-            version=full,
-            repo=_repo(version),
             description="NVIDIA binary kernel module support files",
             depends=["nvidia-modprobe"],
             section="non-free/kernel",
-            homepage=HOMEPAGE,
             files={
                 "/etc/modprobe.d/nvidia-blacklists-nouveau.conf": SimFile(
                     '# You need to run "update-initramfs -u" after editing this file.\n\n'
@@ -244,34 +242,25 @@ def _driver_packages(version: str) -> list[SimPackage]:
                 "/etc/modprobe.d/nvidia-options.conf",
             ],
         ),
-        SimPackage(
+        pkg(
             name="firmware-nvidia-gsp",
-            version=full,
-            repo=_repo(version),
             description="NVIDIA GSP firmware",
             section="non-free-firmware/kernel",
-            homepage=HOMEPAGE,
             files={
                 f"/lib/firmware/nvidia/{version}/{fw}": SimFile(f"{label}: GSP firmware image {fw}\n")
                 for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin")
             },
         ),
-        SimPackage(
+        pkg(
             name="nvidia-modprobe",
-            version=full,
-            repo=_repo(version),
             description="utility to load NVIDIA kernel modules and create device nodes",
             section="contrib/utils",
-            homepage=HOMEPAGE,
             files={"/usr/bin/nvidia-modprobe": tool("kmod", "nvidia-modprobe", driver=version)},
         ),
-        SimPackage(
+        pkg(
             name="libnvidia-ml1",
-            version=full,
-            repo=_repo(version),
             description="NVIDIA Management Library (NVML) runtime library",
             section="non-free/libs",
-            homepage=HOMEPAGE,
             files={
                 ml: SimFile(_mock_library("libnvidia-ml.so.550.163.01"), 0o644),
                 f"{LIBDIR}/libnvidia-ml.so.1": SimFile(link_to=os.path.basename(ml)),
@@ -279,14 +268,11 @@ def _driver_packages(version: str) -> list[SimPackage]:
             maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
             real=MOCK_NVML_PROVENANCE.format(lib="libnvidia-ml.so", version=version),
         ),
-        SimPackage(
+        pkg(
             name="libcuda1",
-            version=full,
-            repo=_repo(version),
             description=f"NVIDIA CUDA Driver Library (CUDA {cuda})",
             depends=[f"libnvidia-ml1 {same}"],
             section="non-free/libs",
-            homepage=HOMEPAGE,
             files={
                 cu: SimFile(_mock_library("libcuda.so.550.163.01"), 0o644),
                 f"{LIBDIR}/libcuda.so.1": SimFile(link_to=os.path.basename(cu)),
@@ -295,14 +281,11 @@ def _driver_packages(version: str) -> list[SimPackage]:
             maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
             real=MOCK_NVML_PROVENANCE.format(lib="libcuda.so", version=version),
         ),
-        SimPackage(
+        pkg(
             name="nvidia-smi",
-            version=full,
-            repo=_repo(version),
             description="NVIDIA System Management Interface",
             depends=[f"libnvidia-ml1 {same}"],
             section="non-free/utils",
-            homepage=HOMEPAGE,
             files={
                 "/usr/bin/nvidia-smi": smi_launcher(driver=version, cuda=cuda),
                 f"/{vendor.NVIDIA_SMI_PATH}": SimFile(_real_nvidia_smi(), 0o755),
@@ -310,10 +293,8 @@ def _driver_packages(version: str) -> list[SimPackage]:
             real=NVIDIA_SMI_PROVENANCE,
         ),
         _persistenced(version),
-        SimPackage(
+        pkg(
             name="nvidia-driver-cuda",
-            version=full,
-            repo=_repo(version),
             description="NVIDIA driver CUDA integration components",
             long_description=f"Headless NVIDIA driver {version} for compute (CUDA {cuda}).",
             depends=[
@@ -326,7 +307,6 @@ def _driver_packages(version: str) -> list[SimPackage]:
                 f"firmware-nvidia-gsp {same}",
             ],
             section="non-free/libs",
-            homepage=HOMEPAGE,
             files=_doc("nvidia-driver-cuda", label),
         ),
         *_fabricmanager(version),
@@ -440,16 +420,14 @@ def _fabricmanager(version: str) -> list[SimPackage]:
     cfg = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
     label = f"{SIMULATED} fabric manager {version}"
     lib = f"{LIBDIR}/libnvidia-nscq.so.{version}"
+    pkg = functools.partial(SimPackage, version=full, repo=_repo(version), homepage=HOMEPAGE)
     return [
-        SimPackage(
+        pkg(
             name=fm_name,
-            version=full,
-            repo=_repo(version),
             description="Fabric Manager for NVSwitch based systems.",
             conflicts=others,
             replaces=others,
             section="multiverse/devel",
-            homepage=HOMEPAGE,
             files={
                 "/usr/bin/nv-fabricmanager": tool("daemons", "nv-fabricmanager", driver=version),
                 cfg: SimFile(FABRICMANAGER_CFG.format(label=label)),
@@ -459,14 +437,11 @@ def _fabricmanager(version: str) -> list[SimPackage]:
             conffiles=[cfg],
             maintainer_scripts=systemd_scripts("nvidia-fabricmanager.service", start=True),
         ),
-        SimPackage(
+        pkg(
             name=nscq_name,
-            version=full,
-            repo=_repo(version),
             description="NVSwitch Configuration and Query library",
             conflicts=[n.replace("nvidia-fabricmanager", "libnvidia-nscq") for n in others],
             section="multiverse/libs",
-            homepage=HOMEPAGE,
             files={
                 lib: SimFile(shared_object("libnvidia-nscq.so.2", f"{SIMULATED} libnvidia-nscq {version}")),
                 f"{LIBDIR}/libnvidia-nscq.so.2": SimFile(link_to=f"libnvidia-nscq.so.{version}"),
