@@ -559,11 +559,11 @@ def _cuda_packages() -> list[SimPackage]:
             "cuda_nvcc": {"name": "CUDA NVCC", "version": nvcc},
             "simulated": {"name": "gpuprov lab", "version": SIMULATED},
         }
+        pkg = functools.partial(SimPackage, repo=repo, section="multiverse/devel", homepage=HOMEPAGE)
         pkgs += [
-            SimPackage(
+            pkg(
                 name=f"cuda-toolkit-{dash}",
                 version=f"{meta}-1",
-                repo=repo,
                 description=f"CUDA Toolkit {release} meta-package",
                 depends=[
                     f"cuda-nvcc-{dash} (>= {nvcc})",
@@ -571,17 +571,12 @@ def _cuda_packages() -> list[SimPackage]:
                     f"cuda-toolkit-{major}-config-common",
                     "cuda-toolkit-config-common",
                 ],
-                section="multiverse/devel",
-                homepage=HOMEPAGE,
                 files={f"{prefix}/version.json": SimFile(json.dumps(version_json, indent=3) + "\n")},
             ),
-            SimPackage(
+            pkg(
                 name=f"cuda-nvcc-{dash}",
                 version=f"{nvcc}-1",
-                repo=repo,
                 description="CUDA nvcc",
-                section="multiverse/devel",
-                homepage=HOMEPAGE,
                 files={
                     f"{prefix}/bin/nvcc": SimFile(
                         NVCC.format(label=label, built=built, release=release, nvcc=nvcc, build=build), 0o755
@@ -592,14 +587,11 @@ def _cuda_packages() -> list[SimPackage]:
                     ),
                 },
             ),
-            SimPackage(
+            pkg(
                 name=f"cuda-toolkit-{dash}-config-common",
                 version=f"{common}-1",
-                repo=repo,
                 arch="all",
                 description=f"Common config package for CUDA Toolkit {release}.",
-                section="multiverse/devel",
-                homepage=HOMEPAGE,
                 files=_doc(f"cuda-toolkit-{dash}-config-common", label),
                 maintainer_scripts={
                     "postinst": f"""if [ "$1" = configure ]; then
@@ -614,14 +606,11 @@ fi
 """,
                 },
             ),
-            SimPackage(
+            pkg(
                 name=f"cuda-toolkit-{major}-config-common",
                 version=f"{common}-1",
-                repo=repo,
                 arch="all",
                 description=f"Common config package for CUDA Toolkit {major}.",
-                section="multiverse/devel",
-                homepage=HOMEPAGE,
                 files={
                     f"/etc/ld.so.conf.d/988_cuda-{major}.conf": SimFile(
                         f"/usr/local/cuda-{major}/targets/x86_64-linux/lib\n"
@@ -633,14 +622,11 @@ fi
         if repo not in seen_common:
             seen_common.add(repo)
             pkgs.append(
-                SimPackage(
+                pkg(
                     name="cuda-toolkit-config-common",
                     version=f"{common}-1",
-                    repo=repo,
                     arch="all",
                     description="Common config package for CUDA Toolkit.",
-                    section="multiverse/devel",
-                    homepage=HOMEPAGE,
                     files={
                         "/etc/ld.so.conf.d/000_cuda.conf": SimFile(
                             "/usr/local/cuda/targets/x86_64-linux/lib\n"
