@@ -77,6 +77,24 @@ def _result(gpu: int, status: str, warning: str | None = None, error_id: int = 0
     return r
 
 
+# The page-retirement failures a fault stands for, the first that applies: (fault, warning, error id).
+PAGE_RETIREMENT_FAULTS = (
+    (
+        "remap-failure",
+        "GPU {gpu} had uncorrectable memory errors and row remapping failed. "
+        "Drain the GPU and reset it or reboot the node to resolve this issue.",
+        94,
+    ),
+    (
+        "remap-pending",
+        "GPU {gpu} had uncorrectable memory errors and row remapping is pending. "
+        "Run a GPU reset or reboot the system to resolve this issue.",
+        93,
+    ),
+    ("ecc", "Volatile double-bit ECC error(s) detected: {ecc} on GPU {gpu}.", 30),
+)
+
+
 def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, Any]:
     """Level-1 (deployment) diagnostic in DCGM 4's JSON shape."""
     gpus = smi.visible(host, st)
@@ -104,35 +122,11 @@ def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, 
                 )
             )
         idx = g["index"]
-        if host.has_fault("remap-failure", idx):
-            tests["page_retirement"].append(
-                _result(
-                    i,
-                    "Fail",
-                    f"GPU {i} had uncorrectable memory errors and row remapping failed. "
-                    "Drain the GPU and reset it or reboot the node to resolve this issue.",
-                    94,
-                )
-            )
-        elif host.has_fault("remap-pending", idx):
-            tests["page_retirement"].append(
-                _result(
-                    i,
-                    "Fail",
-                    f"GPU {i} had uncorrectable memory errors and row remapping is pending. "
-                    "Run a GPU reset or reboot the system to resolve this issue.",
-                    93,
-                )
-            )
-        elif host.has_fault("ecc", idx):
-            tests["page_retirement"].append(
-                _result(
-                    i,
-                    "Fail",
-                    f"Volatile double-bit ECC error(s) detected: {smi.ECC_FAULT_COUNT} on GPU {i}.",
-                    30,
-                )
-            )
+        fault = next((f for f in PAGE_RETIREMENT_FAULTS if host.has_fault(f[0], idx)), None)
+        if fault:
+            _, warning, error_id = fault
+            warning = warning.format(gpu=i, ecc=smi.ECC_FAULT_COUNT)
+            tests["page_retirement"].append(_result(i, "Fail", warning, error_id))
         else:
             tests["page_retirement"].append(_result(i, "Pass"))
         if not nvswitch:
