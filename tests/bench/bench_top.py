@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +45,7 @@ from bench_verify import (  # noqa: E402
     _self_cpu,
     _stop_control_masters,
     host_specs,
-    ssh_base,
+    ssh_each,
     write_inventory,
 )
 from loopback_sshd import LoopbackFleet, available  # noqa: E402
@@ -86,17 +85,7 @@ def run_top(fleet: LoopbackFleet, parallel: int, refreshes: int) -> tuple[Run, R
 
 
 def run_openssh(fleet: LoopbackFleet, parallel: int) -> Run:
-    base = ssh_base(fleet)
-
-    def one(address: str) -> int:
-        return subprocess.run(
-            [*base, address, "sh -s"], input=T.SCRIPT, text=True, capture_output=True
-        ).returncode
-
-    c0, t0 = _children_cpu(), time.monotonic()
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        rcs = list(pool.map(one, [s.address for s in fleet.servers]))
-    wall, cpu = time.monotonic() - t0, _children_cpu() - c0
+    wall, cpu, rcs = ssh_each(fleet, parallel, ["sh -s"], input=T.SCRIPT, text=True, capture_output=True)
     return Run("OpenSSH running the same script", wall, cpu, all(rc in (0, 127) for rc in rcs))
 
 

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -183,21 +184,25 @@ def ssh_base(fleet: LoopbackFleet) -> list[str]:
     ]
 
 
-def run_ssh(fleet: LoopbackFleet, parallel: int, remote: list[str], name: str) -> Run:
+def ssh_each(
+    fleet: LoopbackFleet, parallel: int, remote: list[str], **io: Any
+) -> tuple[float, float, list[int]]:
+    """`ssh HOST REMOTE...` to every host, `parallel` at a time (`io` goes to subprocess.run): the wall and
+    children's CPU seconds, and each exit code."""
     base = ssh_base(fleet)
 
     def one(address: str) -> int:
-        return subprocess.run(
-            [*base, address, *remote],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ).returncode
+        return subprocess.run([*base, address, *remote], **io).returncode
 
     c0, t0 = _children_cpu(), time.monotonic()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         rcs = list(pool.map(one, [s.address for s in fleet.servers]))
-    wall, cpu = time.monotonic() - t0, _children_cpu() - c0
+    return time.monotonic() - t0, _children_cpu() - c0, rcs
+
+
+def run_ssh(fleet: LoopbackFleet, parallel: int, remote: list[str], name: str) -> Run:
+    quiet = subprocess.DEVNULL
+    wall, cpu, rcs = ssh_each(fleet, parallel, remote, stdin=quiet, stdout=quiet, stderr=quiet)
     return Run(
         name,
         wall,
@@ -325,20 +330,8 @@ def main() -> int:
 
 def _ssh_script(fleet: LoopbackFleet, parallel: int, script: str) -> Run:
     """OpenSSH running the probe script, fed on stdin (the script contains quotes)."""
-    base = ssh_base(fleet)
-
-    def one(address: str) -> int:
-        return subprocess.run(
-            [*base, address, "sh -s"],
-            input=script.encode(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ).returncode
-
-    c0, t0 = _children_cpu(), time.monotonic()
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        rcs = list(pool.map(one, [s.address for s in fleet.servers]))
-    wall, cpu = time.monotonic() - t0, _children_cpu() - c0
+    quiet = subprocess.DEVNULL
+    wall, cpu, rcs = ssh_each(fleet, parallel, ["sh -s"], input=script.encode(), stdout=quiet, stderr=quiet)
     return Run("OpenSSH + same probe script", wall, cpu, all(rc == 0 for rc in rcs))
 
 
