@@ -83,6 +83,11 @@ def _control_field(package: str, field: str) -> list[str]:
     raise ValueError(f"{package} is not in NVIDIA's debian/control")
 
 
+def _relations(package: str) -> dict[str, list[str]]:
+    """Depends, Breaks and Replaces of one package in NVIDIA's debian/control."""
+    return {field.lower(): _control_field(package, field) for field in ("Depends", "Breaks", "Replaces")}
+
+
 # The units debian/nvidia-container-toolkit-base.install ships; `dh --with systemd` (debhelper compat 9,
 # debian/compat) enables and starts each of them from the package's scripts.
 UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
@@ -152,9 +157,7 @@ def packages() -> list[SimPackage]:
         pkg(
             name="nvidia-container-toolkit-base",
             description="NVIDIA Container Toolkit Base",
-            depends=_control_field("nvidia-container-toolkit-base", "Depends"),
-            breaks=_control_field("nvidia-container-toolkit-base", "Breaks"),
-            replaces=_control_field("nvidia-container-toolkit-base", "Replaces"),
+            **_relations("nvidia-container-toolkit-base"),
             section="utils",
             files={
                 "/usr/bin/nvidia-ctk": SimFile(_real("bin/nvidia-ctk"), 0o755),
@@ -173,9 +176,7 @@ def packages() -> list[SimPackage]:
         pkg(
             name="nvidia-container-toolkit",
             description="NVIDIA Container toolkit",
-            depends=_control_field("nvidia-container-toolkit", "Depends"),
-            breaks=_control_field("nvidia-container-toolkit", "Breaks"),
-            replaces=_control_field("nvidia-container-toolkit", "Replaces"),
+            **_relations("nvidia-container-toolkit"),
             section="utils",
             files={
                 "/usr/bin/nvidia-container-runtime-hook": SimFile(
