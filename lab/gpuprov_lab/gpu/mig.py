@@ -158,6 +158,11 @@ def _unprivileged(host: core.Host) -> bool:
     return host.on_host and os.geteuid() != 0
 
 
+def _terminated(out: list[str], error: str, rc: int) -> MigError:
+    """nvidia-smi stops at the first GPU it cannot change: what it printed so far, the error, the end."""
+    return MigError("\n".join([*out, error]) + "\nTerminating early due to previous errors.\n", rc)
+
+
 # ------------------------------------------------------------------------------------------- mode
 
 
@@ -176,24 +181,18 @@ def set_mode(host: core.Host, gpus: list[dict[str, Any]], enable: bool) -> str:
                 ]
                 continue
             if _unprivileged(host):
-                raise MigError(
-                    "\n".join([*out, f"Unable to {word} MIG Mode for GPU {bus}: Insufficient Permissions"])
-                    + "\nTerminating early due to previous errors.\n",
+                raise _terminated(
+                    out,
+                    f"Unable to {word} MIG Mode for GPU {bus}: Insufficient Permissions",
                     RC_NO_PERMISSION,
                 )
             cur = gpu_state(st, g)
             if enable and host.has_fault(HOST_FAULT):
-                raise MigError(
-                    "\n".join([*out, f"Unable to enable MIG Mode for GPU {bus}: Unknown Error"])
-                    + "\nTerminating early due to previous errors.\n",
-                    RC_UNKNOWN,
-                )
+                raise _terminated(out, f"Unable to enable MIG Mode for GPU {bus}: Unknown Error", RC_UNKNOWN)
             if not enable and cur["gis"]:
                 # The driver cannot leave MIG mode while GPU instances exist (they are clients of it).
-                raise MigError(
-                    "\n".join([*out, f"Unable to disable MIG Mode for GPU {bus}: In use by another client"])
-                    + "\nTerminating early due to previous errors.\n",
-                    RC_IN_USE,
+                raise _terminated(
+                    out, f"Unable to disable MIG Mode for GPU {bus}: In use by another client", RC_IN_USE
                 )
             cur["pending"] = enable
             if g["architecture"] == "Ampere" and holders and cur["current"] != enable:
