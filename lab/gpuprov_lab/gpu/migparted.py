@@ -438,19 +438,17 @@ def apply(flags: dict[str, Any], config_text: str, debug: bool) -> str:
 def assert_applied(flags: dict[str, Any], config_text: str, debug: bool) -> str:
     specs = selected_specs(config_text, flags["selected-config"])
     gpu_list = gpus()
-    failure = "assertion failure: selected configuration not currently applied"
-    reason = mode_error(specs, gpu_list)
-    if reason:
-        if debug:
-            _log("debug", _capitalize(reason))
-        raise Fatal(failure)
+
+    def refuse(reason: str) -> None:
+        if reason:
+            if debug:
+                _log("debug", _capitalize(reason))
+            raise Fatal("assertion failure: selected configuration not currently applied")
+
+    refuse(mode_error(specs, gpu_list))
     if flags["mode-only"]:
         return "Selected MIG mode settings from configuration currently applied\n"
-    reason = config_error(specs, gpu_list)
-    if reason:
-        if debug:
-            _log("debug", _capitalize(reason))
-        raise Fatal(failure)
+    refuse(config_error(specs, gpu_list))
     return "Selected MIG configuration currently applied\n"
 
 
