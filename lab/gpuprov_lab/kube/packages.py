@@ -77,7 +77,7 @@ def kube_packages(minor: str) -> list[SimPackage]:
                 "/usr/bin/kubelet": SimFile(binaries.kubernetes("kubelet").read_bytes(), 0o755),
                 "/usr/lib/systemd/system/kubelet.service": SimFile(KUBELET_SERVICE),
             },
-            maintainer_scripts=systemd_scripts("kubelet.service", start=True),
+            maintainer_scripts=systemd_scripts("kubelet.service"),
             real=_real(built),
         ),
         pkg(

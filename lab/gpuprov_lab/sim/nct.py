@@ -112,7 +112,7 @@ def _script(package: str, kind: str, units: tuple[str, ...] = ()) -> str:
     there: the maintscript helpers and, for the units the package ships, their enable/start snippets."""
     path = vendor.artifact(ARTIFACT, "packaging").joinpath(f"{package}.{kind}")
     added = _maintscript_helpers(package) if kind in ("preinst", "postinst", "postrm") else ""
-    added += "".join(systemd_scripts(unit, start=True).get(kind, "") for unit in units)
+    added += "".join(systemd_scripts(unit).get(kind, "") for unit in units)
     if path.exists():
         return path.read_text().replace("#DEBHELPER#\n", added)
     return added
@@ -120,8 +120,10 @@ def _script(package: str, kind: str, units: tuple[str, ...] = ()) -> str:
 
 def packages() -> list[SimPackage]:
     label = f"{SIMULATED} NVIDIA Container Toolkit {VERSION}"
-    lib = f"{LIBDIR}/libnvidia-container.so.{VERSION}"
-    golib = f"{LIBDIR}/libnvidia-container-go.so.{VERSION}"
+    libraries: dict[str, SimFile] = {}
+    for lib in ("libnvidia-container", "libnvidia-container-go"):
+        libraries[f"{LIBDIR}/{lib}.so.{VERSION}"] = SimFile(shared_object(f"{lib}.so.1", f"{label} {lib}"))
+        libraries[f"{LIBDIR}/{lib}.so.1"] = SimFile(link_to=f"{lib}.so.{VERSION}")
     real = REAL.format(version=VERSION)
     # Where debian/nvidia-container-toolkit-base.install puts NVIDIA's systemd units and their env file
     # (only the env file is a conffile: it is under /etc).
@@ -135,16 +137,7 @@ def packages() -> list[SimPackage]:
             name="libnvidia-container1",
             description="NVIDIA container runtime library",
             section="libs",
-            files={
-                lib: SimFile(shared_object("libnvidia-container.so.1", f"{label} libnvidia-container")),
-                f"{LIBDIR}/libnvidia-container.so.1": SimFile(link_to=f"libnvidia-container.so.{VERSION}"),
-                golib: SimFile(
-                    shared_object("libnvidia-container-go.so.1", f"{label} libnvidia-container-go")
-                ),
-                f"{LIBDIR}/libnvidia-container-go.so.1": SimFile(
-                    link_to=f"libnvidia-container-go.so.{VERSION}"
-                ),
-            },
+            files=libraries,
             maintainer_scripts={"triggers": "activate-noawait ldconfig\n"},
         ),
         pkg(

@@ -143,6 +143,8 @@ DKMS_MAKEFILE = (FILES / "dkms-Makefile").read_text()
 
 MODULE_C = (FILES / "sim-module.c").read_text()
 
+PERSISTENCED_UNIT = (FILES / "nvidia-persistenced.service").read_text()
+
 
 def _dkms_postinst(version: str) -> str:
     # What dh_dkms generates for a DKMS package (Debian 12's dkms 3.0.10).
@@ -218,7 +220,13 @@ def _driver_packages(version: str) -> list[SimPackage]:
     ml = f"{LIBDIR}/libnvidia-ml.so.{version}"
     cu = f"{LIBDIR}/libcuda.so.{version}"
     pkg = functools.partial(SimPackage, version=full, repo=_repo(version), homepage=HOMEPAGE)
-    pkgs = [
+    persistenced = systemd_scripts("nvidia-persistenced.service")
+    persistenced["postinst"] = (
+        'if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then\n'
+        "  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "
+        '--comment "NVIDIA Persistence Daemon" nvidia-persistenced\nfi\n' + persistenced["postinst"]
+    )
+    return [
         _kernel_dkms(version, "open"),
         _kernel_dkms(version, "proprietary"),
         pkg(
@@ -292,7 +300,17 @@ def _driver_packages(version: str) -> list[SimPackage]:
             },
             real=NVIDIA_SMI_PROVENANCE,
         ),
-        _persistenced(version),
+        pkg(
+            name="nvidia-persistenced",
+            description="daemon to maintain persistent software state in the NVIDIA driver",
+            depends=[f"libnvidia-ml1 {same}"],
+            section="contrib/utils",
+            files={
+                "/usr/bin/nvidia-persistenced": tool("daemons", "nvidia-persistenced", driver=version),
+                "/lib/systemd/system/nvidia-persistenced.service": SimFile(PERSISTENCED_UNIT),
+            },
+            maintainer_scripts=persistenced,
+        ),
         pkg(
             name="nvidia-driver-cuda",
             description="NVIDIA driver CUDA integration components",
@@ -311,26 +329,10 @@ def _driver_packages(version: str) -> list[SimPackage]:
         ),
         *_fabricmanager(version),
     ]
-    return pkgs
 
 
-PERSISTENCED_UNIT = (FILES / "nvidia-persistenced.service").read_text()
-
-
-def systemd_scripts(unit: str, start: bool) -> dict[str, str]:
-    """What dh_installsystemd generates: enable on configure (and start when asked), stop on remove."""
-    started = (
-        f"""    if [ -d /run/systemd/system ]; then
-      systemctl --system daemon-reload >/dev/null || true
-      deb-systemd-invoke restart '{unit}' >/dev/null || true
-    fi
-"""
-        if start
-        else """    if [ -d /run/systemd/system ]; then
-      systemctl --system daemon-reload >/dev/null || true
-    fi
-"""
-    )
+def systemd_scripts(unit: str) -> dict[str, str]:
+    """What dh_installsystemd generates: enable and start on configure, stop on remove."""
     return {
         "postinst": f"""case "$1" in configure|abort-upgrade|abort-deconfigure) true;; *) exit 0;; esac
 if true; then
@@ -345,7 +347,11 @@ if true; then
     deb-systemd-helper unmask '{unit}' >/dev/null || true
     deb-systemd-helper enable '{unit}' >/dev/null || true
   fi
-{started}fi
+    if [ -d /run/systemd/system ]; then
+      systemctl --system daemon-reload >/dev/null || true
+      deb-systemd-invoke restart '{unit}' >/dev/null || true
+    fi
+fi
 """,
         "prerm": f"""if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
   deb-systemd-invoke stop '{unit}' >/dev/null || true
@@ -367,30 +373,6 @@ if [ "$1" = "purge" ]; then
 fi
 """,
     }
-
-
-def _persistenced(version: str) -> SimPackage:
-    full = f"{version}-{_revision(version)}"
-    scripts = systemd_scripts("nvidia-persistenced.service", start=True)
-    scripts["postinst"] = (
-        'if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then\n'
-        "  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "
-        '--comment "NVIDIA Persistence Daemon" nvidia-persistenced\nfi\n' + scripts["postinst"]
-    )
-    return SimPackage(
-        name="nvidia-persistenced",
-        version=full,
-        repo=_repo(version),
-        description="daemon to maintain persistent software state in the NVIDIA driver",
-        depends=[f"libnvidia-ml1 (= {full})"],
-        section="contrib/utils",
-        homepage=HOMEPAGE,
-        files={
-            "/usr/bin/nvidia-persistenced": tool("daemons", "nvidia-persistenced", driver=version),
-            "/lib/systemd/system/nvidia-persistenced.service": SimFile(PERSISTENCED_UNIT),
-        },
-        maintainer_scripts=scripts,
-    )
 
 
 FABRICMANAGER_UNIT = (FILES / "nvidia-fabricmanager.service").read_text()
@@ -435,7 +417,7 @@ def _fabricmanager(version: str) -> list[SimPackage]:
                 **_doc(fm_name, label),
             },
             conffiles=[cfg],
-            maintainer_scripts=systemd_scripts("nvidia-fabricmanager.service", start=True),
+            maintainer_scripts=systemd_scripts("nvidia-fabricmanager.service"),
         ),
         pkg(
             name=nscq_name,
@@ -458,15 +440,15 @@ DCGM_UNIT = (FILES / "nvidia-dcgm.service").read_text()
 
 def _dcgm_packages() -> list[SimPackage]:
     upstream = DCGM_VERSION.split(":", 1)[1].rsplit("-", 1)[0]
-    core = SimPackage(
+    plugins = "/usr/libexec/datacenter-gpu-manager-4/plugins"
+    pkg = functools.partial(
+        SimPackage, version=DCGM_VERSION, repo=DCGM_REPOS, homepage="https://developer.nvidia.com/dcgm"
+    )
+    core = pkg(
         name="datacenter-gpu-manager-4-core",
-        version=DCGM_VERSION,
-        repo=DCGM_REPOS,
         description="NVIDIA® Datacenter GPU Management Tools",
         long_description=f"DCGM {upstream}: nv-hostengine and dcgmi.",
         depends=["libc6"],
-        section="multiverse/devel",
-        homepage="https://developer.nvidia.com/dcgm",
         files={
             "/usr/bin/nv-hostengine": tool("dcgm", "nv-hostengine", dcgm=upstream),
             "/usr/bin/dcgmi": tool("dcgm", "dcgmi", dcgm=upstream),
@@ -481,28 +463,20 @@ def _dcgm_packages() -> list[SimPackage]:
             "  deb-systemd-invoke stop nvidia-dcgm.service >/dev/null || true\nfi\n",
         },
     )
-    flavours = []
-    plugins = "/usr/libexec/datacenter-gpu-manager-4/plugins"
-    for cuda in ("12", "13"):
-        flavours.append(
-            SimPackage(
-                name=f"datacenter-gpu-manager-4-cuda{cuda}",
-                version=DCGM_VERSION,
-                repo=DCGM_REPOS,
-                description=f"NVIDIA® Datacenter GPU Management Tools - CUDA {cuda} support",
-                depends=[f"datacenter-gpu-manager-4-core (= {DCGM_VERSION})"],
-                section="multiverse/devel",
-                homepage="https://developer.nvidia.com/dcgm",
-                files={
-                    f"{plugins}/cuda{cuda}/libpluginsoftware.so.4": SimFile(
-                        shared_object(
-                            "libpluginsoftware.so.4", f"{SIMULATED} DCGM diagnostic plugin CUDA {cuda}"
-                        )
-                    ),
-                    f"{plugins}/cuda{cuda}/VERSION": SimFile(f"{upstream} cuda{cuda}\n"),
-                },
-            )
+    flavours = [
+        pkg(
+            name=f"datacenter-gpu-manager-4-cuda{cuda}",
+            description=f"NVIDIA® Datacenter GPU Management Tools - CUDA {cuda} support",
+            depends=[f"datacenter-gpu-manager-4-core (= {DCGM_VERSION})"],
+            files={
+                f"{plugins}/cuda{cuda}/libpluginsoftware.so.4": SimFile(
+                    shared_object("libpluginsoftware.so.4", f"{SIMULATED} DCGM diagnostic plugin CUDA {cuda}")
+                ),
+                f"{plugins}/cuda{cuda}/VERSION": SimFile(f"{upstream} cuda{cuda}\n"),
+            },
         )
+        for cuda in ("12", "13")
+    ]
     return [core, *flavours]
 
 
