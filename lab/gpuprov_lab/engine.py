@@ -144,10 +144,7 @@ def _dockerd_pid_file() -> Path:
 
 def started_by_gpuprov() -> int | None:
     """PID of the dockerd that gpuprov started, if it is still that process."""
-    pid = proc.read_pid(_dockerd_pid_file())
-    if pid and proc.pid_matches(pid, ["dockerd"]):
-        return pid
-    return None
+    return proc.recorded_pid(_dockerd_pid_file(), "dockerd")
 
 
 def ensure_engine(progress: Progress = _quiet) -> Docker:
@@ -162,8 +159,8 @@ def ensure_engine(progress: Progress = _quiet) -> Docker:
         raise LabError(
             "no Docker engine answers and dockerd is not installed (./scripts/setup.sh installs docker.io)"
         )
-    other = proc.read_pid(DOCKER_PIDFILE)
-    if other and proc.pid_matches(other, ["dockerd"]):
+    other = proc.recorded_pid(DOCKER_PIDFILE, "dockerd")
+    if other:
         # An engine is starting or stuck: give it a moment rather than start a second one.
         if _wait_ready(docker, other, 30):
             return docker
@@ -173,14 +170,7 @@ def ensure_engine(progress: Progress = _quiet) -> Docker:
     edir.mkdir(parents=True, exist_ok=True)
     log = edir / "dockerd.log"
     progress("engine: starting dockerd")
-    with open(log, "ab") as fh:
-        child = subprocess.Popen(
-            [dockerd],
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    child = proc.spawn([dockerd], log)
     _dockerd_pid_file().write_text(f"{child.pid}\n")
     if not _wait_ready(docker, child.pid, 60):
         proc.stop_pid(child.pid)
@@ -223,8 +213,8 @@ def ensure_privileged(docker: Docker, image: str, progress: Progress = _quiet) -
             "default-runtime": CAPFILTER_NAME,
         }
     )
-    pid = proc.read_pid(DOCKER_PIDFILE)
-    if not pid or not proc.pid_matches(pid, ["dockerd"]):
+    pid = proc.recorded_pid(DOCKER_PIDFILE, "dockerd")
+    if not pid:
         raise LabError(f"cannot find the running dockerd to reload {DAEMON_JSON} (no {DOCKER_PIDFILE})")
     os.kill(pid, signal.SIGHUP)
     deadline = time.monotonic() + 20

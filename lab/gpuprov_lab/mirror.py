@@ -18,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -533,10 +532,7 @@ def _server_argv(bind: str, port: int, directory: Path) -> list[str]:
 
 def server_pid(lp: paths.LabPaths) -> int | None:
     """PID of the lab's mirror server, if the recorded PID is still that server."""
-    pid = proc.read_pid(lp.mirror_pid)
-    if pid and proc.pid_matches(pid, ["gpuprov_lab.httpserve"]):
-        return pid
-    return None
+    return proc.recorded_pid(lp.mirror_pid, "gpuprov_lab.httpserve")
 
 
 def ensure_server(st: state.LabState, progress: Progress = _quiet) -> int:
@@ -550,24 +546,9 @@ def ensure_server(st: state.LabState, progress: Progress = _quiet) -> int:
         stop_server(lp)
     _check_port_free(st.gateway, st.mirror_port)
     progress(f"mirror: serving {st.mirror_url}/ from {st.mirror_dir}")
-    with open(lp.mirror_log, "ab") as log:
-        child = subprocess.Popen(
-            want,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd="/",
-        )
+    child = proc.spawn(want, lp.mirror_log, cwd="/")
     lp.mirror_pid.write_text(f"{child.pid}\n")
-    deadline = time.monotonic() + 20
-    while not _answers(st, 1):
-        if child.poll() is not None or time.monotonic() > deadline:
-            proc.stop_pid(child.pid)
-            raise LabError(
-                f"the mirror server did not start: {proc.tail(lp.mirror_log.read_text(errors='replace'))}"
-            )
-        time.sleep(0.1)
+    proc.wait_started(child, lambda: _answers(st, 1), 20, lp.mirror_log, "the mirror server")
     return child.pid
 
 
@@ -591,8 +572,4 @@ def _answers(st: state.LabState, timeout: float) -> bool:
 
 
 def stop_server(lp: paths.LabPaths) -> bool:
-    pid = server_pid(lp)
-    if pid:
-        proc.stop_pid(pid, timeout=10)
-    lp.mirror_pid.unlink(missing_ok=True)
-    return pid is not None
+    return proc.stop_recorded(lp.mirror_pid, "gpuprov_lab.httpserve")

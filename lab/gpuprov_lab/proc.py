@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuprov_lab.errors import LabError
@@ -82,6 +82,46 @@ def pid_matches(pid: int, needles: Sequence[str]) -> bool:
     """Is PID still the process we started? (its command line holds every needle)."""
     line = " ".join(cmdline(pid))
     return alive(pid) and all(n in line for n in needles)
+
+
+def recorded_pid(pid_file: Path, needle: str) -> int | None:
+    """The PID a file records, if that process still runs and its command line holds needle."""
+    pid = read_pid(pid_file)
+    return pid if pid and pid_matches(pid, [needle]) else None
+
+
+def spawn(argv: Sequence[str], log: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:
+    """Start a server in a session of its own (it outlives us), its output appended to log."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
+
+
+def wait_started(
+    child: subprocess.Popen[bytes], answers: Callable[[], bool], timeout: float, log: Path, what: str
+) -> None:
+    """Wait until a server just spawned answers; if it exits or stays silent, stop it and say why."""
+    deadline = time.monotonic() + timeout
+    while not answers():
+        if child.poll() is not None or time.monotonic() > deadline:
+            stop_pid(child.pid)
+            raise LabError(f"{what} did not start: {tail(log.read_text(errors='replace'))}")
+        time.sleep(0.1)
+
+
+def stop_recorded(pid_file: Path, needle: str) -> bool:
+    """Stop the server a PID file records (if it is still that server), drop the file; True if stopped."""
+    pid = recorded_pid(pid_file, needle)
+    if pid:
+        stop_pid(pid, timeout=10)
+    pid_file.unlink(missing_ok=True)
+    return pid is not None
 
 
 def stop_pid(pid: int, *, timeout: float = 20.0) -> None:

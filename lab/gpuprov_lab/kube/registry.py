@@ -16,7 +16,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -58,15 +57,7 @@ def _config(root: Path, addr: str, readonly: bool) -> str:
 
 def _start(root: Path, addr: str, readonly: bool, conf: Path, log: Path) -> subprocess.Popen[bytes]:
     conf.write_text(_config(root, addr, readonly))  # JSON is YAML
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [str(binary()), "serve", str(conf)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd="/",
-        )
+    return proc.spawn([str(binary()), "serve", str(conf)], log, cwd="/")
 
 
 def _answers(base: str, timeout: float = 1.0) -> bool:
@@ -78,12 +69,7 @@ def _answers(base: str, timeout: float = 1.0) -> bool:
 
 
 def _wait(child: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while not _answers(base):
-        if child.poll() is not None or time.monotonic() > deadline:
-            proc.stop_pid(child.pid)
-            raise LabError(f"the lab registry did not start: {proc.tail(log.read_text(errors='replace'))}")
-        time.sleep(0.1)
+    proc.wait_started(child, lambda: _answers(base), 30, log, "the lab registry")
 
 
 def _request(method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -154,10 +140,7 @@ def storage(images: Iterable[oci.Image], progress=lambda _m: None) -> Path:  # t
 
 
 def server_pid(pid_file: Path) -> int | None:
-    pid = proc.read_pid(pid_file)
-    if pid and proc.pid_matches(pid, ["docker-registry"]):
-        return pid
-    return None
+    return proc.recorded_pid(pid_file, "docker-registry")
 
 
 def ensure_server(store: Path, bind: str, state_dir: Path, progress=lambda _m: None) -> int:  # type: ignore[no-untyped-def]
@@ -178,8 +161,4 @@ def ensure_server(store: Path, bind: str, state_dir: Path, progress=lambda _m: N
 
 
 def stop_server(pid_file: Path) -> bool:
-    pid = server_pid(pid_file)
-    if pid:
-        proc.stop_pid(pid, timeout=10)
-    pid_file.unlink(missing_ok=True)
-    return pid is not None
+    return proc.stop_recorded(pid_file, "docker-registry")
