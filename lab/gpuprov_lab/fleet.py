@@ -262,22 +262,13 @@ def _create_network(
                 raise InputError(f"--subnet {net}: overlaps a network already on this machine")
             continue
         res = docker(
-            "network",
-            "create",
-            "--driver",
-            "bridge",
-            "--internal",
-            "--subnet",
-            str(cand),
-            "--gateway",
-            plan.gateway(cand),
-            "--label",
-            f"{paths.LABEL}={lp.name}",
-            "-o",
-            "com.docker.network.bridge.enable_ip_masquerade=false",
+            "network", "create", "--driver", "bridge", "--internal",
+            "--subnet", str(cand), "--gateway", plan.gateway(cand),
+            "--label", f"{paths.LABEL}={lp.name}",
+            "-o", "com.docker.network.bridge.enable_ip_masquerade=false",
             lp.network,
             check=False,
-        )
+        )  # fmt: skip
         if res.returncode == 0:
             progress(f"network: {lp.network} on {cand} (internal, gateway {plan.gateway(cand)})")
             return LabState(name=lp.name, subnet=str(cand), gateway=plan.gateway(cand), mirror_port=port)
@@ -289,20 +280,9 @@ def _create_network(
 
 def _containers(docker: Docker, lab: str) -> dict[str, str]:
     """host name → container state for the lab's containers."""
-    out = docker.lines(
-        "ps",
-        "-a",
-        "--filter",
-        f"label={paths.LABEL}={lab}",
-        "--format",
-        '{{.Label "' + paths.HOST_LABEL + '"}}\t{{.State}}',
-    )
-    found: dict[str, str] = {}
-    for line in out:
-        host, _, st = line.partition("\t")
-        if host:
-            found[host] = st
-    return found
+    row = '{{.Label "' + paths.HOST_LABEL + '"}}\t{{.State}}'
+    out = docker.lines("ps", "-a", "--filter", f"label={paths.LABEL}={lab}", "--format", row)
+    return {host: st for host, _, st in (line.partition("\t") for line in out) if host}
 
 
 def _write_host_files(lp: paths.LabPaths, h: PlannedHost) -> None:
@@ -374,32 +354,19 @@ Signed-By: {keyring}
 def host_files(st: LabState, h: PlannedHost, authorized_key: str, host_key: tuple[Path, str]) -> bytes:
     """Files put into a host before it boots: SSH host key and authorized key, apt source, route unit."""
     priv, _pub = host_key
+    suite = distros.get(h.os).archive_suite
+    sources = DEBIAN_SOURCES.format(url=st.mirror_url, suite=suite, keyring=image.ARCHIVE_KEYRING)
+    route = "etc/systemd/system/gpuprov-lab-route.service"
+    wants = "etc/systemd/system/multi-user.target.wants/gpuprov-lab-route.service"
     return _tar(
         [
             ("etc/ssh/ssh_host_ed25519_key", priv.read_bytes(), 0o600, None),
             ("etc/ssh/ssh_host_ed25519_key.pub", priv.with_suffix(".pub").read_bytes(), 0o644, None),
             ("root/.ssh", None, 0o700, None),
             ("root/.ssh/authorized_keys", authorized_key.encode(), 0o600, None),
-            (
-                "etc/apt/sources.list.d/debian.sources",
-                DEBIAN_SOURCES.format(
-                    url=st.mirror_url, suite=distros.get(h.os).archive_suite, keyring=image.ARCHIVE_KEYRING
-                ).encode(),
-                0o644,
-                None,
-            ),
-            (
-                "etc/systemd/system/gpuprov-lab-route.service",
-                ROUTE_UNIT.format(gateway=st.gateway).encode(),
-                0o644,
-                None,
-            ),
-            (
-                "etc/systemd/system/multi-user.target.wants/gpuprov-lab-route.service",
-                None,
-                0o777,
-                "/etc/systemd/system/gpuprov-lab-route.service",
-            ),
+            ("etc/apt/sources.list.d/debian.sources", sources.encode(), 0o644, None),
+            (route, ROUTE_UNIT.format(gateway=st.gateway).encode(), 0o644, None),
+            (wants, None, 0o777, f"/{route}"),
         ]
     )
 
@@ -417,35 +384,16 @@ def _create_host(
         docker("volume", "create", *labels, vol, what=f"docker volume create ({h.name})")
         mounts += ["--volume", f"{vol}:{target}"]
     docker(
-        "create",
-        "--name",
-        name,
-        "--hostname",
-        h.name,
-        *labels,
-        "--privileged",
+        "create", "--name", name, "--hostname", h.name, *labels, "--privileged",
         # `systemctl reboot` ends systemd (PID 1) with a non-zero status: restarting the container is
         # the lab's reboot (new boot id, modules loaded at boot), so Ansible's reboot module works.
-        "--restart",
-        "on-failure",
-        "--network",
-        lp.network,
-        "--ip",
-        h.ip,
-        "--network-alias",
-        h.name,
-        "--dns",
-        st.gateway,
-        "--tmpfs",
-        "/run",
-        "--tmpfs",
-        "/run/lock",
-        *mounts,
-        "--volume",
-        f"{lp.host_dir(h.name)}:/etc/gpuprov-lab:ro",
+        "--restart", "on-failure",
+        "--network", lp.network, "--ip", h.ip, "--network-alias", h.name, "--dns", st.gateway,
+        "--tmpfs", "/run", "--tmpfs", "/run/lock",
+        *mounts, "--volume", f"{lp.host_dir(h.name)}:/etc/gpuprov-lab:ro",
         host_image,
         what=f"docker create ({h.name})",
-    )
+    )  # fmt: skip
     docker("cp", "-", f"{name}:/", input=host_files(st, h, auth, host_key), what=f"docker cp ({h.name})")
     docker("start", name, what=f"docker start ({h.name})")
 

@@ -154,18 +154,9 @@ def ensure_rootfs(progress: Progress = _quiet, suite: str = SUITE) -> Path:
     tmp = target.parent / f"{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     progress(f"image: debootstrap {suite} (minbase) into {target} (once; takes a minute or two)")
-    proc.run(
-        [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(ROOTFS_PACKAGES)}",
-            suite,
-            str(tmp),
-            mirror,
-        ],
-        timeout=1200,
-        what="debootstrap",
-    )
+    include = f"--include={','.join(ROOTFS_PACKAGES)}"
+    argv = ["debootstrap", "--variant=minbase", include, suite, str(tmp), mirror]
+    proc.run(argv, timeout=1200, what="debootstrap")
     shutil.rmtree(tmp / "var" / "lib" / "apt" / "lists", ignore_errors=True)
     (tmp / "var" / "lib" / "apt" / "lists" / "partial").mkdir(parents=True, exist_ok=True)
     for deb in (tmp / "var" / "cache" / "apt" / "archives").glob("*.deb"):

