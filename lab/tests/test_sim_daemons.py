@@ -117,3 +117,17 @@ def test_a_daemon_holding_the_driver_blocks_unloading_until_it_exits(h100: SimHo
     assert not watch._holder_died(h100.host)
     assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "0\n"
     assert h100.kmod("rmmod", "nvidia")[0] == 0
+
+
+def test_a_daemon_holds_the_driver_from_its_start_to_its_stop(h100: SimHost) -> None:
+    """What the daemons and nv-hostengine do once running and when stopped: the module's reference count
+    follows at once, and /dev/nvidia* users are listed by their program."""
+    assert h100.kmod("rmmod", "nvidia_uvm")[0] == 0
+    sim_host.kmod.add_user(h100.host, "nv-hostengine", os.getpid())
+    assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "1\n"
+    assert dcgm.hostengine_running(h100.host)
+    assert h100.kmod("rmmod", "nvidia") == (1, "", "rmmod: ERROR: Module nvidia is in use\n")
+    sim_host.kmod.remove_user(h100.host, "nv-hostengine")
+    assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "0\n"
+    assert not dcgm.hostengine_running(h100.host)
+    assert h100.kmod("rmmod", "nvidia")[0] == 0

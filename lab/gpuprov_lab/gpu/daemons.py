@@ -60,19 +60,6 @@ def _daemonize(host: core.Host, pidfile: str, run: Callable[[], None], stop: Cal
         time.sleep(3600)
 
 
-def _register(host: core.Host, prog: str, pid: int) -> None:
-    with host.locked() as st:
-        kmod.users(st)
-        st["users"][prog] = pid
-        kmod.render(host, st)
-
-
-def _unregister(host: core.Host, prog: str) -> None:
-    with host.locked() as st:
-        st["users"].pop(prog, None)
-        kmod.render(host, st)
-
-
 # ------------------------------------------------------------------------------- nvidia-persistenced
 
 
@@ -116,12 +103,12 @@ def persistenced(host: core.Host, argv: list[str], version: str) -> int:
     persistence = "--no-persistence-mode" not in argv
 
     def run() -> None:
-        _register(host, "nvidia-persistenced", os.getpid())
+        kmod.add_user(host, "nvidia-persistenced", os.getpid())
         set_all_persistence(host, persistence)
 
     def stop() -> None:
         set_all_persistence(host, False)
-        _unregister(host, "nvidia-persistenced")
+        kmod.remove_user(host, "nvidia-persistenced")
 
     return _daemonize(host, PERSISTENCED_PID, run, stop)
 
@@ -176,7 +163,7 @@ def fabricmanager(host: core.Host, argv: list[str], version: str) -> int:
     switches = len(host.nvswitches())
 
     def run() -> None:
-        _register(host, "nv-fabricmanager", os.getpid())
+        kmod.add_user(host, "nv-fabricmanager", os.getpid())
         with host.locked() as st:
             st["fabric"] = "configured"
         _fm_log(host, "INFO", f"Successfully configured {switches} NVSwitch devices")
@@ -191,7 +178,7 @@ def fabricmanager(host: core.Host, argv: list[str], version: str) -> int:
     def stop() -> None:
         with host.locked() as st:
             st.pop("fabric", None)
-        _unregister(host, "nv-fabricmanager")
+        kmod.remove_user(host, "nv-fabricmanager")
         _fm_log(host, "INFO", "Fabric Manager stopped")
 
     return _daemonize(host, FABRICMANAGER_PID, run, stop)

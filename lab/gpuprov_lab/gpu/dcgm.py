@@ -50,17 +50,12 @@ def hostengine(host: core.Host, argv: list[str], version: str) -> int:
         return 1
 
     def terminate(_sig: int, _frame: object) -> None:
-        with host.locked() as st:
-            st["users"].pop("nv-hostengine", None)
-            kmod.render(host, st)
+        kmod.remove_user(host, "nv-hostengine")
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
-    with host.locked() as st:
-        kmod.users(st)
-        st["users"]["nv-hostengine"] = os.getpid()
-        kmod.render(host, st)
+    kmod.add_user(host, "nv-hostengine", os.getpid())
     sys.stdout.write(f"Started host engine version {version} using port number: 5555 \n")
     sys.stdout.flush()
     while True:

@@ -130,6 +130,20 @@ def users(st: dict[str, Any]) -> dict[str, int]:
     return alive
 
 
+def add_user(host: core.Host, prog: str, pid: int) -> None:
+    """A daemon holds /dev/nvidia* open from now on (it counts in the nvidia module's references)."""
+    with host.locked() as st:
+        users(st)
+        st["users"][prog] = pid
+        render(host, st)
+
+
+def remove_user(host: core.Host, prog: str) -> None:
+    with host.locked() as st:
+        st["users"].pop(prog, None)
+        render(host, st)
+
+
 def refcount(st: dict[str, Any], name: str) -> int:
     n = len(holders(st, name))
     if canonical(name) == "nvidia":
