@@ -100,22 +100,7 @@ def pci_devices(host: core.Host) -> list[dict[str, Any]]:
     prof = host.profile()
     devs: list[dict[str, Any]] = [dict(d, kind="other") for d in prof.get("other_devices", [])]
     for g in prof["gpus"]:
-        devs.append(
-            {
-                "address": g["pci_address"],
-                "vendor_id": g["vendor_id"],
-                "device_id": g["device_id"],
-                "subsystem_vendor_id": g["subsystem_vendor_id"],
-                "subsystem_device_id": g["subsystem_device_id"],
-                "class": g["class"],
-                "revision": g.get("revision", "0xa1"),
-                "numa_node": g.get("numa_node", 0),
-                "link_gen_max": g["link_gen_max"],
-                "link_width_max": g["link_width_max"],
-                "kind": "gpu",
-                "index": g["index"],
-            }
-        )
+        devs.append(dict(g, address=g["pci_address"], kind="gpu", revision=g.get("revision", "0xa1")))
     for s in prof["nvswitches"]:
         devs.append(dict(s, address=s["pci_address"], kind="nvswitch", link_gen_max=4, link_width_max=2))
     return sorted(devs, key=lambda d: d["address"])
@@ -128,6 +113,8 @@ def write_pci(host: core.Host, root: Path) -> None:
         (d / ".gpuprov-sim").touch()
         cls = int(dev["class"], 16)
         numa = dev.get("numa_node", 0)
+        ids = ("vendor_id", "device_id", "subsystem_vendor_id", "subsystem_device_id")
+        vendor, device, sub_vendor, sub_device = (int(dev[k], 16) for k in ids)
         files = {
             "vendor": dev["vendor_id"],
             "device": dev["device_id"],
@@ -141,15 +128,8 @@ def write_pci(host: core.Host, root: Path) -> None:
             "enable": "1",
             "broken_parity_status": "0",
             "d3cold_allowed": "1",
-            "modalias": "pci:v{:08X}d{:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}".format(
-                int(dev["vendor_id"], 16),
-                int(dev["device_id"], 16),
-                int(dev["subsystem_vendor_id"], 16),
-                int(dev["subsystem_device_id"], 16),
-                cls >> 16,
-                (cls >> 8) & 0xFF,
-                cls & 0xFF,
-            ),
+            "modalias": f"pci:v{vendor:08X}d{device:08X}sv{sub_vendor:08X}sd{sub_device:08X}"
+            f"bc{cls >> 16:02X}sc{(cls >> 8) & 0xFF:02X}i{cls & 0xFF:02X}",
             "resource": "0x00000000fa000000 0x00000000faffffff 0x0000000000040200\n" * 1,
         }
         if dev["kind"] != "other":
@@ -172,12 +152,10 @@ def write_pci(host: core.Host, root: Path) -> None:
             # "e.g. GPU passthrough virtualization"). Nothing reads a write here.
             core.write_text(d / "reset", "", 0o200)
             core.write_text(d / "reset_method", "flr\n", 0o644)
-        pci_id = f"{int(dev['vendor_id'], 16):04X}:{int(dev['device_id'], 16):04X}"
-        sub = f"{int(dev['subsystem_vendor_id'], 16):04X}:{int(dev['subsystem_device_id'], 16):04X}"
         core.write_text(
             d / "uevent",
-            f"PCI_CLASS={cls:X}\nPCI_ID={pci_id}\nPCI_SUBSYS_ID={sub}\nPCI_SLOT_NAME={dev['address']}\n"
-            f"MODALIAS={files['modalias']}\n",
+            f"PCI_CLASS={cls:X}\nPCI_ID={vendor:04X}:{device:04X}\nPCI_SUBSYS_ID={sub_vendor:04X}:{sub_device:04X}\n"
+            f"PCI_SLOT_NAME={dev['address']}\nMODALIAS={files['modalias']}\n",
         )
 
 

@@ -88,6 +88,15 @@ PAGE_RETIREMENT_FAULTS = (
     ),
     ("ecc", "Volatile double-bit ECC error(s) detected: {ecc} on GPU {gpu}.", 30),
 )
+# The diagnostic's warnings for persistence off and an untrained fabric, in DCGM's words ("peristence" too).
+PERSISTENCE_OFF = (
+    "Persistence mode for GPU {gpu} is currently disabled. The DCGM diagnostic requires peristence mode to "
+    'be enabled. Enable persistence mode by running "nvidia-smi -i <gpuId> -pm 1 " as root.'
+)
+FABRIC_UNTRAINED = (
+    "GPU {gpu}'s fabric manager has not completed the training. The fabric manager service is not running or "
+    "failed to start."
+)
 
 
 def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, Any]:
@@ -96,26 +105,14 @@ def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, 
     nvswitch = bool(host.nvswitches())
     fm_ok = st.get("fabric") == "configured" and "nv-fabricmanager" in kmod.users(st)
     tests: dict[str, list[dict[str, Any]]] = {
-        "software": [],
-        "persistence_mode": [],
-        "page_retirement": [],
-        "fabric_manager": [],
+        name: [] for name in ("software", "persistence_mode", "page_retirement", "fabric_manager")
     }
     for i, g in enumerate(gpus):
         tests["software"].append(_result(i, "Pass"))
         if smi.persistence(st, g):
             tests["persistence_mode"].append(_result(i, "Pass"))
         else:
-            tests["persistence_mode"].append(
-                _result(
-                    i,
-                    "Warn",
-                    f"Persistence mode for GPU {i} is currently disabled. The DCGM diagnostic requires "
-                    'peristence mode to be enabled. Enable persistence mode by running "nvidia-smi -i '
-                    '<gpuId> -pm 1 " as root.',
-                    13,
-                )
-            )
+            tests["persistence_mode"].append(_result(i, "Warn", PERSISTENCE_OFF.format(gpu=i), 13))
         idx = g["index"]
         fault = next((f for f in PAGE_RETIREMENT_FAULTS if host.has_fault(f[0], idx)), None)
         if fault:
@@ -129,15 +126,7 @@ def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, 
         elif fm_ok:
             tests["fabric_manager"].append(_result(i, "Pass"))
         else:
-            tests["fabric_manager"].append(
-                _result(
-                    i,
-                    "Fail",
-                    f"GPU {i}'s fabric manager has not completed the training. "
-                    "The fabric manager service is not running or failed to start.",
-                    110,
-                )
-            )
+            tests["fabric_manager"].append(_result(i, "Fail", FABRIC_UNTRAINED.format(gpu=i), 110))
 
     def summary(results: list[dict[str, Any]]) -> str:
         states = {r["status"] for r in results}

@@ -39,6 +39,8 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 510
 CAPS_MAJOR = 511
 BLACKLIST_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d")
+# modprobe options that ask about kmod's configuration rather than load anything: the real one answers.
+QUERY_OPTIONS = ("-c", "--showconfig", "--show-depends", "-D", "-R", "--resolve-alias", "--dump-modversions")
 
 
 def canonical(name: str) -> str:
@@ -46,8 +48,7 @@ def canonical(name: str) -> str:
 
 
 def is_sim(name: str) -> bool:
-    n = canonical(Path(name).name.removesuffix(".ko"))
-    return n in MODULES
+    return canonical(Path(name).name.removesuffix(".ko")) in MODULES
 
 
 # ------------------------------------------------------------------------------------- module files
@@ -627,15 +628,7 @@ def modprobe(host: core.Host, argv: list[str]) -> int:
     passthrough_only = False
     for a in argv:
         if a.startswith("--") or (a.startswith("-") and len(a) > 1):
-            if a in (
-                "-c",
-                "--showconfig",
-                "--show-depends",
-                "-D",
-                "-R",
-                "--resolve-alias",
-                "--dump-modversions",
-            ):
+            if a in QUERY_OPTIONS:
                 passthrough_only = True
             if a.startswith("--"):
                 flags.add(a)

@@ -46,13 +46,8 @@ def link_now(host: core.Host, dev: dict[str, Any]) -> tuple[int, int]:
 
 
 def link_speed(gen: int) -> str:
-    return {
-        1: "2.5 GT/s PCIe",
-        2: "5.0 GT/s PCIe",
-        3: "8.0 GT/s PCIe",
-        4: "16.0 GT/s PCIe",
-        5: "32.0 GT/s PCIe",
-    }.get(gen, "64.0 GT/s PCIe")
+    rate = {1: "2.5", 2: "5.0", 3: "8.0", 4: "16.0", 5: "32.0"}.get(gen, "64.0")
+    return f"{rate} GT/s PCIe"
 
 
 def update_links(host: core.Host) -> None:
