@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuprov_lab import paths, state
 from gpuprov_lab.errors import LabError
+from gpuprov_lab.plan import CONTROL_PLANE
 from provisioner.errors import InputError
 
 GPU_KINDS = ("ecc", "xid", "pcie", "gpu-missing", "remap-pending", "remap-failure")
@@ -159,21 +160,25 @@ def _drain_block_objects(st: state.LabState, host: str) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
 
 
+def _on_control_plane(
+    st: state.LabState, cmd: str, timeout: float, stdin: str | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """cmd run on the control plane over SSH; None when it cannot be reached (or does not answer)."""
+    if is_unreachable(st.paths, CONTROL_PLANE):
+        return None
+    argv = st.ssh_argv(st.host(CONTROL_PLANE).ip, cmd)
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _kubectl(st: state.LabState, verb: str, manifest: str) -> str | None:
     """`kubectl VERB -f -` with a manifest on the control plane; its output, or None when there is no
     cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
-    from gpuprov_lab.plan import CONTROL_PLANE
-
-    if is_unreachable(st.paths, CONTROL_PLANE):
-        return None
-    cp = st.host(CONTROL_PLANE)
     cmd = f"test -f {ADMIN_CONF} || exit 3; kubectl --kubeconfig {ADMIN_CONF} {verb} -f -"
-    try:
-        res = subprocess.run(st.ssh_argv(cp.ip, cmd), input=manifest, capture_output=True, text=True,
-                             check=False, timeout=60)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None
-    if res.returncode == 3:
+    res = _on_control_plane(st, cmd, 60, manifest)
+    if res is None or res.returncode == 3:
         return None
     if res.returncode != 0:
         raise LabError(f"drain-block: kubectl {verb} on {CONTROL_PLANE}: {res.stderr.strip()[-300:]}")
@@ -183,17 +188,9 @@ def _kubectl(st: state.LabState, verb: str, manifest: str) -> str | None:
 def _blocking_pods(st: state.LabState, host: str) -> list[dict[str, Any]] | None:
     """The drain-block pods bound to ``host``'s node, read through the control plane; None when there is
     no cluster to ask (the lab is not bootstrapped, or the control plane cannot be reached)."""
-    from gpuprov_lab.plan import CONTROL_PLANE
-
-    if is_unreachable(st.paths, CONTROL_PLANE):
-        return None
-    cp = st.host(CONTROL_PLANE)
     cmd = f"test -f {ADMIN_CONF} && kubectl --kubeconfig {ADMIN_CONF} -n {DRAIN_BLOCK_NS} get pods -o json"
-    try:
-        res = subprocess.run(st.ssh_argv(cp.ip, cmd), capture_output=True, text=True, check=False, timeout=30)
-    except subprocess.TimeoutExpired:
-        return None
-    if res.returncode != 0:
+    res = _on_control_plane(st, cmd, 30)
+    if res is None or res.returncode != 0:
         return None
     try:
         items = json.loads(res.stdout).get("items", [])
