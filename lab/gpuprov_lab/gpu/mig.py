@@ -466,13 +466,10 @@ class MigCommand:
 
 
 ACTIONS = {
-    "-cgi": "cgi",
-    "--create-gpu-instance": "cgi",
-    "-dci": "dci",
-    "--destroy-compute-instance": "dci",
-    "-dgi": "dgi",
-    "--destroy-gpu-instance": "dgi",
-}
+    "-cgi": "cgi", "--create-gpu-instance": "cgi",
+    "-dci": "dci", "--destroy-compute-instance": "dci",
+    "-dgi": "dgi", "--destroy-gpu-instance": "dgi",
+}  # fmt: skip
 # What a change is called in nvidia-smi's "Failed to ...: <reason>" lines.
 CHANGES = {"cgi": "create GPU instances", "dci": "destroy compute instances", "dgi": "destroy GPU instances"}
 INVALID = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n\n"
