@@ -114,6 +114,10 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
     def _complete(self, host: str, after: HostProbe) -> bool:
         """Verify the changed host from its new probe; put its node back, or leave it cordoned."""
 
+    def _hold_before(self, wave: list[str]) -> str | None:
+        """Why the next wave must not start (a client's circuit breaker), or None: it may."""
+        return None
+
     # -- control
 
     def interrupt(self) -> None:
@@ -142,6 +146,10 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
             label = self._label(index)
             if self.interrupted.is_set():
                 outcome = RolloutOutcome("interrupted", "interrupted")
+                break
+            held = self._hold_before(todo)
+            if held:
+                outcome = RolloutOutcome("stopped", held)
                 break
             if self.opt.pause and started_waves and self.confirm is not None:
                 question = f"continue with {label} ({', '.join(todo)})?"
