@@ -236,15 +236,17 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
             self.state.update(host, after=REBOOT)
             self._event(node, "GpuprovReboot", "rebooting the host to recover its GPUs")
             try:
-                self.fleet.reboot(host, self.opt.reboot_timeout, self.interrupted.is_set)
+                boot = self.fleet.reboot(host, self.opt.reboot_timeout, self.interrupted.is_set)
             except StepFailed as exc:
                 self._check()
                 why.append(exc.reason)
                 return self._service(host, why)
             self._check()
-            if node and not self.fleet.wait_ready(node, NODE_READY_WAIT, self.interrupted.is_set):
+            if node and not self.fleet.wait_ready(node, NODE_READY_WAIT, self.interrupted.is_set, boot):
                 self._check()
-                why.append(f"node {node} not Ready within {NODE_READY_WAIT:g} s of the reboot")
+                why.append(
+                    f"node {node} not Ready on its new boot within {NODE_READY_WAIT:g} s of the reboot"
+                )
                 return self._service(host, why)
             left = self._still(host)
             if left is None:

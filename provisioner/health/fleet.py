@@ -122,8 +122,9 @@ class HealFleet:
             if control_plane is not None
             else None
         )
-        # Per host: GPUs (PCI domain:bus:device) reset in this boot → uptime just before the reset.
-        self.reset_at: dict[str, dict[str, float]] = {}
+        # Per host: the boot id, and the GPUs (PCI domain:bus:device) reset in that boot → the host's
+        # uptime just before the reset.
+        self.reset_at: dict[str, tuple[str, dict[str, float]]] = {}
 
     @contextlib.contextmanager
     def _session(self, name: str) -> Iterator[tuple[SshExecutor, list[str]]]:
@@ -161,10 +162,10 @@ class HealFleet:
             boot_id=boot_id if _BOOT_ID.fullmatch(boot_id) else None,
             uptime=uptime,
         )
-        if probe.boot_id and self.reset_at.get(name, {}).get("boot") != probe.boot_id:
-            self.reset_at.pop(name, None)  # a new boot: its kernel log starts afresh
-        resets = {k: v for k, v in self.reset_at.get(name, {}).items() if k != "boot"}
-        probe.plan = plan_host(HostFacts(name, results), reset_at=resets)  # type: ignore[arg-type]
+        boot, resets = self.reset_at.get(name, ("", {}))
+        if boot != probe.boot_id:
+            resets = {}  # another boot: its kernel log starts afresh
+        probe.plan = plan_host(HostFacts(name, results), reset_at=resets)
         if probe.plan.error:
             probe.error = f"evidence unreadable: {probe.plan.error}"
         return probe
@@ -212,11 +213,10 @@ class HealFleet:
                             failed = True
                             break
                         if uptime is not None:
-                            marks = self.reset_at.setdefault(host, {})
-                            if marks.get("boot") != boot:
-                                marks.clear()
-                                marks["boot"] = boot  # type: ignore[assignment]
+                            known, marks = self.reset_at.get(host, (boot, {}))
+                            marks = marks if known == boot else {}
                             marks[pci_device(gpus[index])] = uptime
+                            self.reset_at[host] = (boot, marks)
                 finally:
                     problems = self._start(ex, sudo, stopped)
         except ExecutorError as exc:
@@ -265,19 +265,27 @@ class HealFleet:
 
     # -- the cluster
 
-    def node_ready(self, node: str) -> bool:
+    def node_ready(self, node: str, boot_id: str | None = None) -> bool:
+        """The node is Ready — and, given `boot_id`, its kubelet reports that boot (status.nodeInfo.bootID):
+        right after a reboot the API server may still show the node Ready from before it."""
         if self.kube is None:
             return True
         res = self.kube.kubectl(
-            "get", "node", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", "--", node
+            "get", "node", "-o",
+            'jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.nodeInfo.bootID}', "--", node,
         )  # fmt: skip
-        return res.rc == 0 and res.stdout.strip() == "True"
+        if res.rc != 0:
+            return False
+        ready, _, booted = res.stdout.strip().partition(" ")
+        return ready == "True" and (boot_id is None or booted.strip() == boot_id)
 
-    def wait_ready(self, node: str, timeout: float, stop: Callable[[], bool]) -> bool:
+    def wait_ready(
+        self, node: str, timeout: float, stop: Callable[[], bool], boot_id: str | None = None
+    ) -> bool:
         deadline = time.monotonic() + timeout
         while not stop():
             with contextlib.suppress(StepFailed):
-                if self.node_ready(node):
+                if self.node_ready(node, boot_id):
                     return True
             if time.monotonic() >= deadline:
                 return False

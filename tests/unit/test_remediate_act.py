@@ -150,7 +150,8 @@ class Fleet:
             h.fault = None
         return f"boot-{h.boot}"
 
-    def wait_ready(self, node: str, timeout: float, stop: Any) -> bool:
+    def wait_ready(self, node: str, timeout: float, stop: Any, boot_id: str | None = None) -> bool:
+        assert boot_id == f"boot-{self.hosts[node].boot}"  # the kubelet of the new boot, not the old
         return True
 
     def interrupt(self) -> None:
@@ -455,3 +456,81 @@ def test_a_node_an_interrupted_run_left_cordoned_is_taken_over_and_put_back(inv:
     result = run(inv, fleet)
     assert outcomes(result)["gpu1"] == "repaired" and not fleet.hosts["gpu1"].unschedulable
     assert fleet.hosts["gpu1"].labels == {"nvidia.com/gpu.deploy.device-plugin": "true"}
+
+
+class FakeSsh:
+    """One host's shell as the real fleet sees it: answers by command, records every command."""
+
+    def __init__(self, answers: dict[str, CommandResult]) -> None:
+        self.answers = answers
+        self.commands: list[str] = []
+
+    def run(self, command: Sequence[str] | str, timeout: float) -> CommandResult:
+        text = command if isinstance(command, str) else " ".join(command)
+        self.commands.append(text)
+        for key, res in self.answers.items():
+            if key in text:
+                return res
+        return CommandResult(0, "", "", 0.0)
+
+
+def real_fleet(fake: FakeSsh) -> Any:
+    import contextlib
+
+    from provisioner.health.fleet import HealFleet
+
+    fleet = HealFleet(hosts=[], control_plane=None)
+
+    @contextlib.contextmanager
+    def session(name: str) -> Any:
+        yield fake, []
+
+    fleet._session = session  # type: ignore[method-assign]
+    return fleet
+
+
+def ok(stdout: str = "") -> CommandResult:
+    return CommandResult(0, stdout, "", 0.0)
+
+
+def test_reset_stops_the_holder_services_around_it_and_starts_them_again() -> None:
+    fake = FakeSsh({
+        "is-active -- nvidia-persistenced.service": ok(),
+        "is-active -- nvidia-dcgm.service": CommandResult(3, "", "", 0.0),
+        "is-active -- dcgm.service": CommandResult(4, "", "", 0.0),
+        "/proc/uptime": ok("5000.12 9000.00\n"),
+        "boot_id": ok("0b1c2d3e-0000-4000-8000-000000000001\n"),
+        "nvidia-smi -r -i 0": ok("GPU 00000000:19:00.0 was successfully reset.\nAll done.\n"),
+    })  # fmt: skip
+    fleet = real_fleet(fake)
+    done = fleet.reset_gpus("gpu1", {0: "00000000:19:00.0"})
+    assert done.ok and done.services == ["nvidia-persistenced.service"], done
+    order = [c for c in fake.commands if "systemctl stop" in c or "-r -i" in c or "systemctl start" in c]
+    assert order == [
+        "systemctl stop -- nvidia-persistenced.service", "nvidia-smi -r -i 0",
+        "systemctl start -- nvidia-persistenced.service",
+    ]  # fmt: skip
+    # the Xids logged before the reset are answered by it (provisioner.health.decide.gather)
+    assert fleet.reset_at["gpu1"][1] == {"0000:19:00": 5000.12}
+
+
+def test_a_refused_reset_still_starts_the_services_and_says_why() -> None:
+    fake = FakeSsh({
+        "is-active -- nvidia-persistenced.service": ok(),
+        "is-active -- nvidia-dcgm.service": CommandResult(3, "", "", 0.0),
+        "is-active -- dcgm.service": CommandResult(3, "", "", 0.0),
+        "nvidia-smi -r -i 0": CommandResult(
+            255, "The following GPUs could not be reset:\n  GPU 00000000:19:00.0: In use by another client\n",
+            "", 0.0,
+        ),
+    })  # fmt: skip
+    done = real_fleet(fake).reset_gpus("gpu1", {0: "00000000:19:00.0"})
+    assert not done.ok and "In use by another client" in done.reason
+    assert fake.commands[-1] == "systemctl start -- nvidia-persistenced.service"
+
+
+def test_a_compute_process_on_the_gpu_means_no_reset() -> None:
+    fake = FakeSsh({"query-compute-apps": ok("00000000:19:00.0, 4242, python3\n")})
+    done = real_fleet(fake).reset_gpus("gpu1", {0: "00000000:19:00.0"})
+    assert not done.ok and "pid 4242 (python3)" in done.reason
+    assert not any("-r -i" in c or "systemctl stop" in c for c in fake.commands)
