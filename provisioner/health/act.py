@@ -34,7 +34,6 @@ from provisioner.rollout.model import (
     ChangeOutcome,
     HostProbe,
     StepFailed,
-    not_this_host,
 )
 from provisioner.rollout.state import CHANGED, FAILED, SKIPPED, UNCORDONING, VERIFYING, ChangeKind
 
@@ -168,27 +167,16 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         if plan.action == NONE and not s.cordoned_by_us:
             self._end(host, SKIPPED, "nothing to do: the evidence asks for no action now")
             return False
-        kube = self.fleet.kube
-        node_name = s.node or probe.node
-        if kube is None or node_name is None:
-            self._end(
-                host, FAILED, f"{probe.node_error or 'no Kubernetes node'}: not drained, nothing changed"
-            )
+        if self.fleet.kube is None:
+            self._end(host, FAILED, "no control plane: not drained, nothing changed")
             return False
-        try:
-            info = kube.node(node_name)
-        except StepFailed as exc:
-            self._check()
-            self._end(host, FAILED, f"control plane: {exc.reason}")
+        found = self._lookup_node(host, probe, "not cordoned or changed")
+        if found.ended:
             return False
+        info = found.info
         if info is None:
-            self._end(host, FAILED, f"no Kubernetes node {node_name}: not drained, nothing changed")
+            self._end(host, FAILED, f"no Kubernetes node {found.name}: not drained, nothing changed")
             return False
-        stranger = not_this_host(info, probe)
-        if stranger:
-            self._end(host, FAILED, f"node {info.name} {stranger}: not cordoned or changed")
-            return False
-        self.state.update(host, node=info.name)
         self._event(info.name, "GpuprovRemediate", f"{plan.action}: {'; '.join(plan.reasons)[:800]}", True)
         if not self._cordon_and_drain(host, info.name, info.unschedulable):
             return False

@@ -14,19 +14,18 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.checks import HostFacts, probes_for
-from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
+from provisioner.executors import ExecutorError, SshExecutor
 from provisioner.health.decide import HostPlan, plan_host
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
-from provisioner.inventory import needs_become
 from provisioner.probes.kernel_log import pci_device
-from provisioner.rollout.kube import KubectlOverSsh, valid_node_name
+from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.model import HostProbe, StepFailed
 from provisioner.verification import collect
 
@@ -40,7 +39,6 @@ RESET_HOLDER_SERVICES = ("nvidia-persistenced.service", "nvidia-dcgm.service", "
 DEFAULT_REBOOT_TIMEOUT = 900.0
 DEFAULT_PROBE_TIMEOUT = 180.0
 
-_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 _BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _APP_ROW = re.compile(
     r"^\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]),\s*([0-9]{1,10}),\s*(.*)$"
@@ -100,7 +98,7 @@ def parse_compute_apps(text: str) -> list[tuple[str, int, str]]:
     return rows
 
 
-class HealFleet:
+class HealFleet(SshFleet):
     """GPU hosts over SSH; the cluster through kubectl on the first control-plane host."""
 
     def __init__(
@@ -112,55 +110,26 @@ class HealFleet:
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         poll_s: float = 5.0,
     ) -> None:
-        self.specs = {h.name: h for h in hosts}
-        self.connect_timeout = connect_timeout
+        super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
         self.probe_timeout = probe_timeout
         self.poll_s = poll_s
-        self._live = OpenConnections()
-        self.kube: KubectlOverSsh | None = (
-            KubectlOverSsh(control_plane, self._live, connect_timeout, annotation=ANNOTATION)
-            if control_plane is not None
-            else None
-        )
         # Per host: the boot id, and the GPUs (PCI domain:bus:device) reset in that boot → the host's
         # uptime just before the reset.
         self.reset_at: dict[str, tuple[str, dict[str, float]]] = {}
-
-    @contextlib.contextmanager
-    def _session(self, name: str) -> Iterator[tuple[SshExecutor, list[str]]]:
-        spec = self.specs[name]
-        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
-        self._live.add(ex)
-        try:
-            yield ex, ["sudo", "-n", "--"] if needs_become(spec) else []
-        finally:
-            self._live.discard(ex)
-            ex.close()
 
     # -- reading
 
     def _probe_one(self, name: str) -> HealProbe:
         try:
             with self._session(name) as (ex, sudo):
-                hostname = ex.run(["cat", "/proc/sys/kernel/hostname"], 15).stdout.strip().lower()
-                machine_id = ex.run(["cat", "/etc/machine-id"], 15).stdout.strip()
+                who = read_identity(ex)
                 boot_id = ex.run(["cat", "/proc/sys/kernel/random/boot_id"], 15).stdout.strip()
                 uptime = parse_uptime(ex.run(["cat", "/proc/uptime"], 15).stdout)
                 results = collect(ex, probes_for(EVIDENCE_CHECKS), self.probe_timeout, None, bool(sudo))
-                address = ex.target.address
         except ExecutorError as exc:
             return HealProbe(name, error=exc.reason)
-        named = valid_node_name(hostname)
         probe = HealProbe(
-            name,
-            machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
-            address=address,
-            node=hostname if named else None,
-            node_error=None
-            if named
-            else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",
-            boot_id=boot_id if _BOOT_ID.fullmatch(boot_id) else None,
-            uptime=uptime,
+            name, **who, boot_id=boot_id if _BOOT_ID.fullmatch(boot_id) else None, uptime=uptime
         )
         boot, resets = self.reset_at.get(name, ("", {}))
         if boot != probe.boot_id:
@@ -291,10 +260,3 @@ class HealFleet:
                 return False
             time.sleep(self.poll_s)
         return False
-
-    def interrupt(self) -> None:
-        self._live.close_all()
-
-    def close(self) -> None:
-        if self.kube is not None:
-            self.kube.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,16 +95,21 @@ def check_options(
     )
 
 
-def drained_since(inventory: str, since: float) -> int:
-    """Hosts drained by earlier remediate runs on this inventory since `since` (unix time)."""
-    count = 0
+def _earlier_runs(inventory: str) -> Iterator[dict[str, Any]]:
+    """The state of each earlier remediate run on this inventory, newest first."""
     for path in run_records(REMEDIATE.verb):
         try:
             doc = json.loads((path / "state.json").read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(doc, dict) or doc.get("inventory") != inventory:
-            continue
+        if isinstance(doc, dict) and doc.get("inventory") == inventory:
+            yield doc
+
+
+def drained_since(inventory: str, since: float) -> int:
+    """Hosts drained by earlier remediate runs on this inventory since `since` (unix time)."""
+    count = 0
+    for doc in _earlier_runs(inventory):
         for host in (doc.get("hosts") or {}).values():
             history = host.get("history") if isinstance(host, dict) else None
             if any(
@@ -117,25 +122,19 @@ def drained_since(inventory: str, since: float) -> int:
 
 
 def taken_over(inventory: str) -> dict[str, dict[str, Any]]:
-    """Hosts an earlier run left cordoned by itself without ending them (interrupted, crashed): what the
-    new run needs to put their nodes back as they were."""
-    for path in run_records(REMEDIATE.verb):
-        try:
-            doc = json.loads((path / "state.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(doc, dict) or doc.get("inventory") != inventory:
-            continue
-        out = {}
-        for name, h in (doc.get("hosts") or {}).items():
-            if isinstance(h, dict) and h.get("cordoned_by_us") and h.get("result") not in (CHANGED, SKIPPED):
-                out[str(name)] = {
-                    "was_cordoned": bool(h.get("was_cordoned")),
-                    "cordoned_by_us": True,
-                    "paused_labels": dict(h.get("paused_labels") or {}),
-                    "node": h.get("node"),
-                }
-        return out  # the latest run of this inventory only: older ones were taken over by it
+    """Hosts the latest earlier run left cordoned by itself without ending them (interrupted, crashed):
+    what the new run needs to put their nodes back as they were. Older runs were taken over by it."""
+    for doc in _earlier_runs(inventory):
+        return {
+            str(name): {
+                "was_cordoned": bool(h.get("was_cordoned")),
+                "cordoned_by_us": True,
+                "paused_labels": dict(h.get("paused_labels") or {}),
+                "node": h.get("node"),
+            }
+            for name, h in (doc.get("hosts") or {}).items()
+            if isinstance(h, dict) and h.get("cordoned_by_us") and h.get("result") not in (CHANGED, SKIPPED)
+        }
     return {}
 
 
@@ -171,16 +170,12 @@ def run_cycle(
 ) -> CycleResult:
     """One pass: read, plan, act. InputError before any host is touched for a bad inventory."""
     from provisioner.inventory import load_inventory
-    from provisioner.rollout.plan import check_limit_names
+    from provisioner.rollout.plan import check_limit_names, first_control_plane
 
     inv = load_inventory(inventory)
     inv_key = str(Path(inventory).resolve())
     check_limit_names(limit, inv.host_names(), inv.group_names)
-    control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
-    if not control:
-        raise InputError(
-            f"{inventory}: remediate drains nodes: the inventory needs a kube_control_plane host"
-        )
+    control = first_control_plane(inv, inventory, "remediate drains nodes")
     hosts = [h for h in inv.select(limit) if "gpu_nodes" in h.groups]
     if not hosts:
         raise InputError(
@@ -189,7 +184,7 @@ def run_cycle(
     options.allow_reboot = allow_reboot
     names = [h.name for h in hosts]
     with inventory_lock(inv_key):
-        fleet = fleet_factory(hosts=hosts, control_plane=control[0])
+        fleet = fleet_factory(hosts=hosts, control_plane=control)
         try:
             return _cycle(
                 fleet, inv_key, hosts, names, limit, options, certifier_factory(hosts, inventory), progress
