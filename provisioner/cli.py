@@ -274,25 +274,79 @@ def remediate(
     local: LocalOpt = False,
     snapshot: SnapshotOpt = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan only (required: acting is not in this version).")
+        bool, typer.Option("--dry-run", help="Print the plan only; nothing is changed.")
     ] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Repeat every --interval seconds until Ctrl-C.")
+    ] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between --watch cycles.")] = 60.0,
+    max_concurrent: Annotated[
+        int,
+        typer.Option(
+            "--max-concurrent", help="Nodes out of work at once, at most (those left for service count)."
+        ),
+    ] = 1,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", help="Hosts drained per period, at most: N/PERIOD (3/1h, 10/1d)."),
+    ] = None,
+    allow_reboot: Annotated[
+        bool, typer.Option("--allow-reboot", help="Reboot hosts whose GPUs need it (else they are held).")
+    ] = False,
+    certify_level: Annotated[
+        str,
+        typer.Option(
+            "--certify-level", help="Certification before a node goes back: quick|standard|extended."
+        ),
+    ] = "quick",
     limit: LimitOpt = None,
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
     parallel: ParallelOpt = 50,
     timeout: TimeoutOpt = 180.0,
 ) -> int:
     """Decide per host and GPU what to do (none, reset-gpu, reboot, service) from Xids, the driver's
-    recovery action, row remapping and ECC (exit 1 when any host needs an action)."""
-    from provisioner.errors import InputError
+    recovery action, row remapping and ECC; without --dry-run, do it: cordon, drain, reset or reboot,
+    certify, uncordon, or leave the node tainted for service (exit 1 when any host is not healthy)."""
     from provisioner.health import remediate as R
+    from provisioner.health import repair
 
-    if not dry_run:
-        raise InputError(R.ACT_REFUSED)
-    plans = R.run_remediate(
-        inventory=inventory, local=local, snapshot=snapshot, limit=limit, parallel=parallel, timeout=timeout
-    )
-    sys.stdout.write(R.to_json(plans) if output_format is OutputFormat.json else R.to_table(plans))
-    return R.exit_code(plans)
+    if dry_run:
+        # The acting options are checked in a dry run too: a typo must not wait for the real run.
+        repair.check_options(
+            inventory=Path("."), local=False, snapshot=None, certify_level=certify_level,
+            max_concurrent=max_concurrent, budget=budget, watch=watch, interval=interval,
+        )  # fmt: skip
+        if watch:
+            from provisioner.errors import InputError
+
+            raise InputError("--watch acts in cycles: leave out --dry-run")
+        plans = R.run_remediate(
+            inventory=inventory,
+            local=local,
+            snapshot=snapshot,
+            limit=limit,
+            parallel=parallel,
+            timeout=timeout,
+        )
+        sys.stdout.write(R.to_json(plans) if output_format is OutputFormat.json else R.to_table(plans))
+        return R.exit_code(plans)
+    from provisioner.rollout.render import Progress
+
+    options = repair.check_options(
+        inventory=inventory, local=local, snapshot=snapshot, certify_level=certify_level,
+        max_concurrent=max_concurrent, budget=budget, watch=watch, interval=interval,
+    )  # fmt: skip
+    assert inventory is not None
+
+    def show(result: repair.CycleResult) -> None:
+        text = repair.to_json(result) if output_format is OutputFormat.json else repair.to_table(result)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    return repair.run_remediate_act(
+        inventory=inventory, limit=limit, options=options, allow_reboot=allow_reboot, watch=watch,
+        interval=interval, progress=Progress(), show=show,
+    )  # fmt: skip
 
 
 class TopFormat(StrEnum):

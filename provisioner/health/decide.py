@@ -9,6 +9,7 @@ row-remap failure or pending, uncorrectable ECC, a GPU the driver lost — still
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -125,9 +126,13 @@ class HostEvidence:
     error: str | None = None
 
 
-def gather(facts: HostFacts) -> HostEvidence:
+def gather(facts: HostFacts, reset_at: Mapping[str, float] | None = None) -> HostEvidence:
     """What the decision reads, from the facts `verify` reads (PCI list, nvidia-smi -q -x, kernel log).
-    Any of them unreadable → an error: no evidence must never read as 'nothing to do'."""
+    Any of them unreadable → an error: no evidence must never read as 'nothing to do'.
+
+    `reset_at`: GPUs (by PCI domain:bus:device) reset in this boot, with the host's uptime just before the
+    reset. The kernel log keeps the Xids that led to the reset for the rest of the boot; those stamped
+    before it are what the reset answered, not new evidence. An Xid without a time stamp still counts."""
     ev = HostEvidence(facts.host)
     try:
         pci = host.pci_gpus(facts)
@@ -156,6 +161,9 @@ def gather(facts: HostFacts) -> HostEvidence:
     for g in ev.gpus:
         by_device[pci_device(g.pci)] = g
     for e in events:
+        done = (reset_at or {}).get(pci_device(e.pci))
+        if done is not None and e.uptime is not None and e.uptime <= done:
+            continue
         target = by_device.get(pci_device(e.pci))
         if target is not None:
             target.xids.append(e)
@@ -290,5 +298,7 @@ def decide(ev: HostEvidence, table: XidTable | None = None) -> HostPlan:
     return HostPlan(ev.host, action, action != NONE, reasons, plans, warnings=warnings)
 
 
-def plan_host(facts: HostFacts, table: XidTable | None = None) -> HostPlan:
-    return decide(gather(facts), table)
+def plan_host(
+    facts: HostFacts, table: XidTable | None = None, reset_at: Mapping[str, float] | None = None
+) -> HostPlan:
+    return decide(gather(facts, reset_at), table)

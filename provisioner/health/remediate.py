@@ -28,10 +28,6 @@ from provisioner.verification import (
 # The probes `gpu.xid` reads: kernel log, PCI list (host facts), nvidia-smi -q -x.
 EVIDENCE_CHECKS = ("gpu.xid",)
 
-ACT_REFUSED = (
-    "remediate: only the plan is available in this version (add --dry-run); nothing on any host was touched"
-)
-
 
 def _plan_target(target: Target, names: list[str], timeout: float) -> HostPlan:
     executor: Executor | None = None

@@ -15,21 +15,20 @@ label protocol of NVIDIA mig-parted's k8s-mig-manager:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
+from provisioner.executors import ExecutorError
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
-from provisioner.inventory import needs_become
 from provisioner.mig import CONFIG_LABEL, STATE_LABEL, parse_mig_devices
+from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.kube import KubectlOverSsh, valid_node_name
 from provisioner.rollout.model import HostProbe, StepFailed
 from provisioner.yamlfile import load_strict
@@ -50,7 +49,6 @@ DEFAULT_CLIENTS_MAP = "default-gpu-clients"
 _SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._-]{0,126}\.service")
 NODE_READY_WAIT = 180.0  # seconds for a restarted kubelet to report its node Ready
 
-_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 _QUERY = [
     "nvidia-smi",
     "--query-gpu=index,pci.device_id,driver_version,mig.mode.current",
@@ -133,8 +131,10 @@ def parse_gpu_clients(text: str) -> tuple[str, ...]:
     return tuple(names[:64])
 
 
-class MigFleet:
+class MigFleet(SshFleet):
     """GPU hosts over SSH; the cluster through kubectl on the first control-plane host."""
+
+    kube: KubectlOverSsh  # mig apply needs a control plane: the verb refuses an inventory without one
 
     def __init__(
         self,
@@ -145,46 +145,21 @@ class MigFleet:
         connect_timeout: float = 10.0,
         poll_s: float = 2.0,
     ) -> None:
-        self.specs = {h.name: h for h in hosts}
+        super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
         self.namespace = namespace
-        self.connect_timeout = connect_timeout
         self.poll_s = poll_s
-        self._live = OpenConnections()
-        self.kube = KubectlOverSsh(control_plane, self._live, connect_timeout, annotation=ANNOTATION)
 
     # -- hosts
-
-    @contextlib.contextmanager
-    def _session(self, name: str) -> Iterator[tuple[SshExecutor, list[str]]]:
-        """One SSH connection to a host (closed by an interrupt too) and the prefix its root commands need."""
-        spec = self.specs[name]
-        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
-        self._live.add(ex)
-        try:
-            yield ex, ["sudo", "-n", "--"] if needs_become(spec) else []
-        finally:
-            self._live.discard(ex)
-            ex.close()
 
     def _probe_one(self, name: str) -> MigProbe:
         try:
             with self._session(name) as (ex, sudo):
-                hostname = ex.run(["cat", "/proc/sys/kernel/hostname"], 15).stdout.strip().lower()
-                machine_id = ex.run(["cat", "/etc/machine-id"], 15).stdout.strip()
+                who = read_identity(ex)
                 query = ex.run([*sudo, *_QUERY], 60)
                 listing = ex.run([*sudo, "nvidia-smi", "-L"], 60)
-                address = ex.target.address
         except ExecutorError as exc:
             return MigProbe(name, error=exc.reason)
-        probe = MigProbe(
-            name,
-            machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
-            address=address,
-            node=hostname if valid_node_name(hostname) else None,
-            node_error=None
-            if valid_node_name(hostname)
-            else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",
-        )
+        probe = MigProbe(name, **who)
         if query.rc != 0:
             probe.error = f"nvidia-smi: {last_line(query.stdout + query.stderr) or f'exit {query.rc}'}"
             return probe
@@ -341,12 +316,6 @@ class MigFleet:
         return any(
             isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
         )
-
-    def interrupt(self) -> None:
-        self._live.close_all()
-
-    def close(self) -> None:
-        self.kube.close()
 
 
 def allocatable(node_doc: Mapping[str, Any]) -> dict[str, int]:

@@ -28,7 +28,6 @@ from provisioner.rollout.model import (
     ChangeOutcome,
     HostProbe,
     StepFailed,
-    not_this_host,
 )
 from provisioner.rollout.plan import BatchSize
 from provisioner.rollout.state import CHANGED, FAILED, SKIPPED, UNCORDONING, VERIFYING, ChangeKind
@@ -125,26 +124,15 @@ class MigRollout(Rollout[MigFleet, MigOptions]):
             return False
         layout = self.opt.layouts[host]
         self._keep_baseline(host, probe)
-        kube = self.fleet.kube
-        node_name = s.node or probe.node
-        if node_name is None:
-            self._end(host, FAILED, f"{probe.node_error or 'no node name'}: nothing changed")
+        found = self._lookup_node(host, probe, "not cordoned or changed")
+        if found.ended:
             return False
-        try:
-            info = kube.node(node_name)
-        except StepFailed as exc:
-            self._check()
-            self._end(host, FAILED, f"control plane: {exc.reason}")
-            return False
+        info = found.info
         if info is None:
-            self._end(host, FAILED, f"no Kubernetes node {node_name}: the MIG manager runs on nodes only")
-            return False
-        stranger = not_this_host(info, probe)
-        if stranger:
-            self._end(host, FAILED, f"node {info.name} {stranger}: not cordoned or changed")
+            self._end(host, FAILED, f"no Kubernetes node {found.name}: the MIG manager runs on nodes only")
             return False
         current = info.labels.get(CONFIG_LABEL)
-        self.state.update(host, node=info.name, before=s.before or current or "unset", after=layout)
+        self.state.update(host, before=s.before or current or "unset", after=layout)
         done = (
             current == layout
             and info.labels.get(STATE_LABEL) == "success"

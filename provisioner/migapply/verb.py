@@ -55,6 +55,7 @@ from provisioner.rollout.plan import (
     Target,
     check_count,
     check_limit_names,
+    first_control_plane,
     parse_batch,
 )
 from provisioner.rollout.state import CHANGED, FINAL_OK, RolloutState, inventory_lock, resumable
@@ -152,15 +153,9 @@ def run_mig_apply(
     inv = load_inventory(inventory)
     inv_key = str(Path(inventory).resolve())
     check_limit_names(limit, inv.host_names(), inv.group_names)
-    control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
-    if not control:
-        raise InputError(
-            f"{inventory}: mig apply drives the GPU Operator's MIG manager: "
-            "the inventory needs a kube_control_plane host"
-        )
+    control = first_control_plane(inv, inventory, "mig apply drives the GPU Operator's MIG manager")
     namespace = str(
-        control[0].vars.get("gpu_operator_namespace")
-        or role_default("gpu_operator", "gpu_operator_namespace")
+        control.vars.get("gpu_operator_namespace") or role_default("gpu_operator", "gpu_operator_namespace")
     )
 
     with inventory_lock(inv_key):
@@ -182,7 +177,7 @@ def run_mig_apply(
             by = f" among the hosts --limit {limit} selects" if limit else ""
             raise InputError(f"{inventory}: no GPU host declares gpuprov_mig_config{by}")
         selected = [h for h in selected if h.name in layouts]
-        fleet = fleet_factory(hosts=selected, control_plane=control[0], namespace=namespace)
+        fleet = fleet_factory(hosts=selected, control_plane=control, namespace=namespace)
         try:
             options = MigOptions(
                 batch=batch_size,

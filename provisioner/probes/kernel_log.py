@@ -34,6 +34,9 @@ class XidEvent:
     pci: str  # as printed: 0000:00:06 (domain:bus:device, no function) or with function
     message: str
     line: str
+    # Seconds since boot the kernel stamped it with ("[ 123.456]" of dmesg and of journalctl's
+    # short-monotonic): None when the line has no such stamp.
+    uptime: float | None = None
 
 
 # The Xid number is ASCII digits ending at a separator: "7²9" or "٧٩" are no Xid 7 or 79. Its size is
@@ -56,6 +59,7 @@ def xid_number(text: str) -> int:
 
 # dmesg "[   12.345678] ...", journalctl short-monotonic "[   12.345678] host kernel: ...", journalctl
 # short "Dec 02 15:10:01 host kernel: ...", and ISO timestamps.
+_UPTIME = re.compile(r"^\[\s*(\d{1,10}\.\d{1,9})\]")
 _KLOG_LINE = re.compile(r"^(\[\s*\d+\.\d+\]|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d |\d{4}-\d\d-\d\dT\d\d:\d\d)")
 
 
@@ -79,17 +83,24 @@ def parse_kernel_log(text: str) -> list[XidEvent]:
                 xid = xid_number(m.group("xid"))
             except HostNumberError as exc:
                 raise ParseError(f"kernel log line {i + 1}: {exc}") from None
-            events.append(XidEvent(xid, m.group("pci").lower(), m.group("msg").strip(), line))
+            events.append(XidEvent(xid, m.group("pci").lower(), m.group("msg").strip(), line, _uptime(line)))
             continue
         f = _FALLEN.search(line)
         if f:
             window = " ".join(lines[i : i + 4])
             if "fallen off the bus" in window:
-                fallen.append(XidEvent(79, f.group("pci").lower(), "GPU has fallen off the bus", line))
+                fallen.append(
+                    XidEvent(79, f.group("pci").lower(), "GPU has fallen off the bus", line, _uptime(line))
+                )
     # Drivers that print an Xid 79 line also print the "fallen off the bus" report: one event, not two.
     seen_79 = {pci_device(e.pci) for e in events if e.xid == 79}
     events.extend(e for e in fallen if pci_device(e.pci) not in seen_79)
     return events
+
+
+def _uptime(line: str) -> float | None:
+    m = _UPTIME.match(line)
+    return float(m.group(1)) if m else None
 
 
 def pci_device(pci: str) -> str:

@@ -30,6 +30,7 @@ from provisioner.rollout.model import (
     NodeInfo,
     ProgressFn,
     StepFailed,
+    not_this_host,
 )
 from provisioner.rollout.plan import Plan
 from provisioner.rollout.state import (
@@ -57,6 +58,13 @@ class Settings(Protocol):
     max_fail: int
     drain: bool  # drain the node, or evict only the pods that use GPUs
     drain_timeout: float
+
+
+@dataclass(frozen=True)
+class NodeLookup:
+    info: NodeInfo | None  # None: no such node, or the host ended
+    name: str  # the name looked up
+    ended: bool = False  # the host failed and has its result
 
 
 @dataclass
@@ -114,6 +122,10 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
     def _complete(self, host: str, after: HostProbe) -> bool:
         """Verify the changed host from its new probe; put its node back, or leave it cordoned."""
 
+    def _hold_before(self, wave: list[str]) -> str | None:
+        """Why the next wave must not start (a client's circuit breaker), or None: it may."""
+        return None
+
     # -- control
 
     def interrupt(self) -> None:
@@ -142,6 +154,10 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
             label = self._label(index)
             if self.interrupted.is_set():
                 outcome = RolloutOutcome("interrupted", "interrupted")
+                break
+            held = self._hold_before(todo)
+            if held:
+                outcome = RolloutOutcome("stopped", held)
                 break
             if self.opt.pause and started_waves and self.confirm is not None:
                 question = f"continue with {label} ({', '.join(todo)})?"
@@ -297,6 +313,35 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
         change began), also in a resumed attempt after a reboot or a failed change."""
         if self.state.hosts[host].baseline is None:
             self.state.update(host, baseline=probe.to_dict())
+
+    def _lookup_node(
+        self, host: str, probe: HostProbe, untouched: str, default: str | None = None
+    ) -> NodeLookup:
+        """The host's node from the cluster, proven to be this host (`not_this_host`) and recorded in the
+        state. `lookup.ended`: the host failed here, `untouched` saying what was not done to it;
+        `lookup.info` None (not ended): the cluster has no node of that name. `default` names the node
+        when the host's hostname cannot be read."""
+        s = self.state.hosts[host]
+        kube = self.fleet.kube
+        assert kube is not None
+        name = s.node or probe.node or default
+        if name is None or (probe.node_error and not s.node):
+            self._end(host, FAILED, f"{probe.node_error or 'no node name'}: {untouched}")
+            return NodeLookup(None, name or host, ended=True)
+        try:
+            info = kube.node(name)
+        except StepFailed as exc:
+            self._check()
+            self._end(host, FAILED, f"control plane: {exc.reason}")
+            return NodeLookup(None, name, ended=True)
+        if info is None:
+            return NodeLookup(None, name)
+        stranger = not_this_host(info, probe)
+        if stranger:
+            self._end(host, FAILED, f"node {info.name} {stranger}: {untouched}")
+            return NodeLookup(None, name, ended=True)
+        self.state.update(host, node=info.name)
+        return NodeLookup(info, info.name)
 
     def _cordon_and_drain(self, host: str, node: str, unschedulable: bool) -> bool:
         """Cordon (remembering whether someone else had), then drain or evict the GPU pods only. False: the

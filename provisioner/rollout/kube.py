@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from provisioner.inventory import needs_become
 from provisioner.rollout.model import NodeInfo, StepFailed
 
 KUBECONFIG = "/etc/kubernetes/admin.conf"
+EVENT_SOURCE = "gpuprov"
 # Marks the GPU pods to evict instead of a drain (named when the driver upgrade was the only rolling change).
 EVICT_LABEL = "gpuprov.io/evict-for-driver-upgrade"
 # GPU Operator operand pods (label app=...) that keep the GPU open; they leave once the node's operands
@@ -209,6 +211,40 @@ class KubectlOverSsh:
         res = self.kubectl("annotate", "--overwrite", "--", "node", name, value)
         if text is not None:
             self._ok(f"annotate node {name}", res)
+
+    def taint(self, name: str, key: str, value: str | None, effect: str = "NoSchedule") -> None:
+        """Set the taint `key=value:effect` on the node, or remove it (value None; absent is fine)."""
+        if value is None:
+            res = self.kubectl("taint", "nodes", "--", name, f"{key}:{effect}-")
+            if res.rc != 0 and "not found" not in res.stderr:
+                self._ok(f"untaint node {name}", res)
+            return
+        self._ok(f"taint node {name}", self.kubectl("taint", "nodes", "--overwrite", "--", name,
+                                                    f"{key}={value}:{effect}"))  # fmt: skip
+
+    def event(self, name: str, reason: str, message: str, warning: bool = False) -> None:
+        """A Kubernetes Event on the node (what `kubectl describe node` and `kubectl events` show).
+        Events on a node name it as its own UID, as the kubelet's do. The object reaches kubectl on its
+        stdin through a quoted shell word: host text in the message never becomes shell syntax."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.gpuprov-", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        text = json.dumps(doc, ensure_ascii=True)
+        command = " ".join(shlex.quote(a) for a in self._argv(["create", "-f", "-", "-o", "name"]))
+        res = self._exec(f"printf '%s' {shlex.quote(text)} | {command}", 60)
+        self._ok(f"create event on node {name}", res)
 
 
 def _daemonset_pod(pod: Mapping[str, Any]) -> bool:

@@ -102,6 +102,10 @@ class Kube(Protocol):
 
     def annotate(self, name: str, text: str | None) -> None: ...  # None removes the annotation
 
+    def taint(self, name: str, key: str, value: str | None, effect: str = "NoSchedule") -> None: ...
+
+    def event(self, name: str, reason: str, message: str, warning: bool = False) -> None: ...
+
 
 class Fleet(Protocol):
     """The hosts; a client's fleet adds the change itself."""

@@ -62,6 +62,15 @@ def check_count(name: str, value: int | None, minimum: int = 0) -> int:
     return value
 
 
+def first_control_plane(inv: Any, inventory: Any, needed_for: str | None = None) -> Any | None:
+    """The inventory's first kube_control_plane host, through which the change drives the cluster; None
+    when it has none, which is bad input when the change cannot go without (`needed_for` says why)."""
+    control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
+    if not control and needed_for:
+        raise InputError(f"{inventory}: {needed_for}: the inventory needs a kube_control_plane host")
+    return control[0] if control else None
+
+
 def check_limit_names(limit: str | None, host_names: Sequence[str], group_names: Sequence[str]) -> None:
     """Every plain name in `--limit` must be a host or group of the inventory.
 

@@ -56,10 +56,12 @@ class StateError(GpuprovError):
 class ChangeKind:
     """A kind of rolling change: the verb its records are named by, and its own steps between the drain
     and the verification, each with the steps it may go to. The first is where a host enters the change:
-    after the drain, or straight after the probe when there is no node to cordon."""
+    after the drain, or straight after the probe when there is no node to cordon. `entries` are further
+    steps a host may go to from the drain (a change whose hosts start at different steps)."""
 
     verb: str
     change_steps: Mapping[str, frozenset[str]]
+    entries: frozenset[str] = frozenset()
 
     @cached_property
     def next_steps(self) -> dict[str, frozenset[str]]:
@@ -70,7 +72,7 @@ class ChangeKind:
             # At the target already after an earlier attempt: from the probe straight to verifying.
             PROBING: frozenset({CORDONING, first, VERIFYING}),
             CORDONING: frozenset({DRAINING, UNCORDONING}),
-            DRAINING: frozenset({first, UNCORDONING}),
+            DRAINING: frozenset({first, UNCORDONING, *self.entries}),
             **self.change_steps,
             VERIFYING: frozenset({UNCORDONING}),
             UNCORDONING: frozenset(),
@@ -300,7 +302,7 @@ class RolloutState:
 # ------------------------------------------------------------------------------------ finding runs
 
 
-def _records(verb: str) -> Iterator[Path]:
+def run_records(verb: str) -> Iterator[Path]:
     base = records.runs_dir()
     if not base.is_dir():
         return
@@ -309,7 +311,7 @@ def _records(verb: str) -> Iterator[Path]:
 
 def latest_for(inventory: str, verb: str) -> Path | None:
     """The newest record of this inventory's rolling runs of `verb` (finished or not)."""
-    for path in _records(verb):
+    for path in run_records(verb):
         try:
             doc = json.loads((path / STATE_FILE).read_text())
         except (OSError, ValueError):

@@ -11,7 +11,6 @@ playbooks/upgrade_driver.yml (the nvidia_driver role, the same code bootstrap ru
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -22,17 +21,15 @@ from provisioner.checks import PASS, HostFacts, evaluate
 from provisioner.checks.driver import installed_version
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import GpuprovError
-from provisioner.executors import ExecutorError, OpenConnections, SshExecutor, SshTarget
+from provisioner.executors import ExecutorError
 from provisioner.expectations import Expectations
-from provisioner.hosttext import short_safe_text
-from provisioner.inventory import needs_become
 from provisioner.mig import parse_mig_devices
 from provisioner.probes import kernel_log, smi
 from provisioner.probes.base import ProbeResult, Unavailable
 from provisioner.probes.host import HOST_FACTS, pci_gpus
 from provisioner.probes.kernel_log import KERNEL_LOG
 from provisioner.probes.smi import SMI_XML
-from provisioner.rollout.kube import KubectlOverSsh, valid_node_name
+from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.model import ChangeOutcome
 from provisioner.upgrade.plan import DriverProbe, DriverTarget
 from provisioner.upgrade.rollout import ANNOTATION, INSTALLING, REBOOTING, RELOADING, STOPPING
@@ -51,9 +48,6 @@ NOTES = {
 
 
 # ------------------------------------------------------------------------------------------ probing
-
-# /etc/machine-id: 32 lower-case hex digits (systemd's machine-id(5)).
-_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str | None) -> DriverProbe:
@@ -91,7 +85,7 @@ def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str 
 # -------------------------------------------------------------------------------------------- fleet
 
 
-class RealFleet:
+class RealFleet(SshFleet):
     """GPU hosts over SSH and ansible-runner; the cluster through kubectl on the control plane."""
 
     def __init__(
@@ -106,56 +100,34 @@ class RealFleet:
         connect_timeout: float = 10.0,
         probe_timeout: float = 180.0,
     ) -> None:
-        self.specs = {h.name: h for h in hosts}
+        super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
         self.inventory_path = inventory_path
         self.record = record
         self.install_version = install_version
         self.progress = progress
-        self.connect_timeout = connect_timeout
         self.probe_timeout = probe_timeout
-        self._live = OpenConnections()
-        self.kube: KubectlOverSsh | None = (
-            KubectlOverSsh(control_plane, self._live, connect_timeout, annotation=ANNOTATION)
-            if control_plane is not None
-            else None
-        )
         self._installs = 0
 
     # -- probes
 
     def _probe_one(self, name: str) -> DriverProbe:
-        spec = self.specs[name]
-        ex = SshExecutor(SshTarget.from_host(spec), connect_timeout=self.connect_timeout)
-        self._live.add(ex)
-        try:
-            from provisioner.verification import collect
+        from provisioner.verification import collect
 
-            results = collect(ex, PROBES, self.probe_timeout, become=needs_become(spec))
-            res = ex.run(["cat", "/proc/sys/kernel/hostname"], 15)
-            hostname = res.stdout.strip().lower() if res.rc == 0 else ""
-            res = ex.run(["cat", "/etc/machine-id"], 15)
-            machine_id = res.stdout.strip() if res.rc == 0 else ""
-            # The MIG devices: a driver reload destroys them; the MIG manager must bring them back.
-            listing = ex.run([*(["sudo", "-n", "--"] if needs_become(spec) else []), "nvidia-smi", "-L"], 60)
+        try:
+            with self._session(name) as (ex, sudo):
+                results = collect(ex, PROBES, self.probe_timeout, become=bool(sudo))
+                who = read_identity(ex)
+                # The MIG devices: a driver reload destroys them; the MIG manager must bring them back.
+                listing = ex.run([*sudo, "nvidia-smi", "-L"], 60)
         except ExecutorError as exc:
             return DriverProbe(name, error=exc.reason)
-        finally:
-            self._live.discard(ex)
-            ex.close()
         try:
             mig_devices = parse_mig_devices(listing.stdout) if listing.rc == 0 else None
         except ValueError as exc:
             # Unknown MIG devices would let the upgrade skip waiting for them to come back.
             return DriverProbe(name, error=str(exc))
-        return replace(
-            probe_from_results(name, results, hostname if valid_node_name(hostname) else None),
-            machine_id=machine_id if _MACHINE_ID.fullmatch(machine_id) else None,
-            address=ex.target.address,
-            mig_devices=mig_devices,
-            node_error=None
-            if not hostname or valid_node_name(hostname)
-            else f"the host's hostname {short_safe_text(hostname)!r} is not a valid Kubernetes node name",
-        )
+        node = who.pop("node")
+        return replace(probe_from_results(name, results, node), **who, mig_devices=mig_devices)
 
     def probe(self, hosts: Sequence[str]) -> dict[str, DriverProbe]:
         if len(hosts) == 1:
@@ -242,11 +214,3 @@ class RealFleet:
                     "failed", f"upgrade: the playbook did not run on {h} ({result.status})"
                 )
         return out
-
-    def interrupt(self) -> None:
-        self._live.close_all()
-
-    def close(self) -> None:
-        self._live.close_all()
-        if self.kube is not None:
-            self.kube.close()

@@ -23,7 +23,6 @@ from provisioner.rollout.model import (
     Fleet,
     HostProbe,
     StepFailed,
-    not_this_host,
 )
 from provisioner.rollout.plan import BatchSize, parse_batch
 from provisioner.rollout.state import (
@@ -144,26 +143,15 @@ class DriverRollout(Rollout[DriverFleet, Options]):
             self.progress(host, "no kube_control_plane host in the inventory: not cordoned or drained")
             self._step(host, STOPPING)
             return True
-        if probe.node_error and not s.node:
-            self._end(host, FAILED, f"{probe.node_error}: not cordoned, drained or upgraded")
+        found = self._lookup_node(host, probe, "not cordoned, drained or upgraded", default=host)
+        if found.ended:
             return False
-        node_name = s.node or probe.node or host
-        try:
-            info = kube.node(node_name)
-        except StepFailed as exc:
-            self._check()
-            self._end(host, FAILED, f"control plane: {exc.reason}")
-            return False
+        info = found.info
         if info is None:
-            self.progress(host, f"not a Kubernetes node ({node_name} not found): not cordoned or drained")
+            self.progress(host, f"not a Kubernetes node ({found.name} not found): not cordoned or drained")
             self.state.update(host, node=None)
             self._step(host, STOPPING)
             return True
-        stranger = not_this_host(info, probe)
-        if stranger:
-            self._end(host, FAILED, f"node {info.name} {stranger}: not cordoned, drained or upgraded")
-            return False
-        self.state.update(host, node=info.name)
         if not self._cordon_and_drain(host, info.name, info.unschedulable):
             return False
         self._check()

@@ -26,7 +26,14 @@ from provisioner.rollout.engine import (
     summary,
 )
 from provisioner.rollout.model import DEFAULT_DRAIN_TIMEOUT, ProgressFn
-from provisioner.rollout.plan import BatchSize, Plan, check_count, check_limit_names, parse_batch
+from provisioner.rollout.plan import (
+    BatchSize,
+    Plan,
+    check_count,
+    check_limit_names,
+    first_control_plane,
+    parse_batch,
+)
 from provisioner.rollout.state import CHANGED, RolloutState, inventory_lock, resumable
 from provisioner.upgrade.plan import DriverTarget, build_plan, needs, parse_target
 from provisioner.upgrade.rollout import DRIVER, DriverFleet, DriverRollout, Options
@@ -226,12 +233,10 @@ def run_upgrade(
         if options.pause and not dry_run and not isatty():
             raise InputError("--pause asks before each batch: standard input must be a terminal")
         validate_inventory_settings(inv, selected)
-        control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
+        control = first_control_plane(inv, inventory)
 
         record_dir = None if dry_run else (state.path.parent if state else records.new_record(DRIVER.verb))
-        fleet = fleet_factory(
-            inv, selected, control[0] if control else None, options, record_dir, Path(inventory), progress
-        )
+        fleet = fleet_factory(inv, selected, control, options, record_dir, Path(inventory), progress)
         try:
             if state is None or plan is None:
                 names = [h.name for h in selected]

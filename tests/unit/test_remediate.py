@@ -275,3 +275,33 @@ def test_cli_bad_input_is_exit_2_naming_the_problem(
     rc, out, err = invoke(*args, "--dry-run")
     assert rc == 2 and out == ""
     assert names in err
+
+
+def test_xids_from_before_a_gpu_reset_are_what_the_reset_answered() -> None:
+    f = with_xids(xid_line(48, t=100.0), xid_line(94, t=300.0))
+    assert plan_host(f).action == RESET_GPU
+    # reset at uptime 200: the Xid 48 before it is answered; the Xid 94 after it is new evidence
+    after = gather(f, reset_at={"0000:00:06": 200.0})
+    assert [e.xid for e in after.gpus[0].xids] == [94]
+    assert plan_host(with_xids(xid_line(48, t=100.0)), reset_at={"0000:00:06": 200.0}).action == NONE
+    # another GPU's reset answers nothing here
+    assert plan_host(with_xids(xid_line(48, t=100.0)), reset_at={"0000:00:07": 200.0}).action == RESET_GPU
+
+
+def test_an_xid_without_a_time_stamp_still_counts_after_a_reset() -> None:
+    line = "Dec 05 10:00:00 h200 kernel: NVRM: Xid (PCI:0000:00:06): 48, pid=1, name=x, DBE"
+    f = facts(**{KLOG: (0, kernel_log(line), "")})
+    assert plan_host(f, reset_at={"0000:00:06": 1e9}).action == RESET_GPU
+
+
+def test_cli_acting_options_are_checked_before_any_host(snap: Path, tmp_path: Path) -> None:
+    for args, names in (
+        (["--certify-level", "thorough"], "--certify-level"),
+        (["--budget", "three/1h"], "--budget"),
+        (["--max-concurrent", "0"], "--max-concurrent"),
+        (["--watch"], "--watch"),
+    ):
+        rc, out, err = invoke("--snapshot", str(snap), "--dry-run", *args)
+        assert rc == 2 and out == "" and names in err, (args, err)
+    rc, out, err = invoke("-i", str(tmp_path / "nosuch.yml"), "--budget", "1/1x")
+    assert rc == 2 and "--budget" in err

@@ -459,3 +459,20 @@ def test_the_real_kubectl_parses_every_command_line_as_meant(tmp_path: Path) -> 
         real = [str(vendor.kubectl()), *server, *args]
         res = subprocess.run(real, capture_output=True, text=True, timeout=60)
         assert "connection to the server 127.0.0.1:1 was refused" in res.stderr, (command, res.stderr)
+
+
+def test_taint_and_event_commands() -> None:
+    k, fake = kube({"taint nodes -- gpu1 gpuprov.io/needs-service:NoSchedule-": [err('taint "x" not found')]})
+    k.taint("gpu1", "gpuprov.io/needs-service", "true", "NoSchedule")
+    k.taint("gpu1", "gpuprov.io/needs-service", None, "NoSchedule")  # absent: not an error
+    assert "taint nodes --overwrite -- gpu1 gpuprov.io/needs-service=true:NoSchedule" in fake.commands[0]
+    k.event("gpu1", "GpuprovNeedsService", "Xid 79 on GPU 0'; rm -rf / #", warning=True)
+    sent = fake.commands[-1]
+    # the object travels as one quoted word into kubectl's stdin: the message is no shell syntax
+    assert sent.startswith("printf '%s' ") and "| kubectl --kubeconfig /etc/kubernetes/admin.conf" in sent
+    import shlex
+
+    words = shlex.split(sent)
+    doc = json.loads(words[2])
+    assert doc["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu1", "uid": "gpu1"}
+    assert doc["type"] == "Warning" and doc["message"].endswith("rm -rf / #")

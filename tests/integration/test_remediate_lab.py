@@ -1,0 +1,222 @@
+"""`gpuprov remediate` against the bootstrapped lab's real Kubernetes: faults injected into the lab's
+GPUs, repaired by GPU reset or reboot, certified and put back; a fault a reset cannot clear escalates; a
+fault nothing on the host can repair is left cordoned and tainted for service; the circuit breaker's
+budget stops the loop.
+
+The lab's GPUs have reset semantics (docs/lab.md): `nvidia-smi -r` clears what a reset clears on that
+GPU (not Xid 79, not a failed row remap), a reboot clears every Xid, hardware faults stay. Uses the
+session lab (cp1, gpu1 = H200, gpu2 = H100 SXM with NVSwitches and the fabric manager, gpu3), and puts
+every node back as it found it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labkit import Lab, gpuprov
+
+pytestmark = pytest.mark.lab
+LAB_PHASE = "bootstrapped"  # see tests/conftest.py
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+TAINT = "gpuprov.io/needs-service"
+GPU_HOSTS = ("gpu1", "gpu2", "gpu3")
+
+
+@dataclass
+class Heal:
+    lab: Lab
+    home: Path
+
+    def remediate(self, *args: str, home: Path | None = None) -> tuple[int, dict[str, Any], str]:
+        env = {"GPUPROV_HOME": str(home or self.home)}
+        res = gpuprov(
+            "remediate", "-i", str(self.lab.inventory), "--format", "json", *args, timeout=1800, env=env
+        )
+        try:
+            doc = json.loads(res.stdout) if res.stdout.strip() else {}
+        except ValueError:
+            pytest.fail(
+                f"remediate printed no JSON (rc {res.returncode}):\n"
+                f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+            )
+        return res.returncode, doc, res.stderr
+
+    def kubectl(self, command: str, check: bool = True) -> str:
+        res = self.lab.ssh("cp1", f"{KUBECTL} {command}")
+        if check:
+            assert res.returncode == 0, f"kubectl {command}: {res.stderr}"
+        return res.stdout
+
+    def node(self, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl(f"get node {name} -o json"))
+
+    def fault(self, host: str, *args: str) -> None:
+        res = self.lab.cli("lab", "fault", host, *args)
+        assert res.returncode == 0, res.stderr
+
+    def boot_id(self, host: str) -> str:
+        return self.lab.ssh(host, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+    def put_back(self, host: str) -> None:
+        """As an operator after a repair: fault gone, taint and annotation off, node schedulable."""
+        self.lab.cli("lab", "fault", host, "clear")
+        self.kubectl(f"taint nodes {host} {TAINT}:NoSchedule-", check=False)
+        self.kubectl(f"annotate node {host} {TAINT}-", check=False)
+        self.kubectl(f"uncordon {host}", check=False)
+
+
+def rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["host"]: h for h in doc["hosts"]}
+
+
+def history(record: str) -> dict[str, list[list[Any]]]:
+    state = json.loads((Path(record) / "state.json").read_text())
+    return {name: h["history"] for name, h in state["hosts"].items()}
+
+
+def out_of_work(steps: list[list[Any]]) -> tuple[float, float]:
+    """When the host's node was cordoned and when its run ended."""
+    start = next(t for s, t, *_ in steps if s == "cordoning")
+    return start, steps[-1][1]
+
+
+@pytest.fixture(scope="module")
+def heal(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Heal]:
+    env = Heal(bootstrapped.lab, tmp_path_factory.mktemp("remediate") / "home")
+    try:
+        yield env
+    finally:
+        env.kubectl("delete deployment heal-gpu --ignore-not-found --wait=false", check=False)
+        for host in GPU_HOSTS:
+            env.put_back(host)
+
+
+GPU_DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: heal-gpu, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: heal-gpu}}
+  template:
+    metadata: {labels: {app: heal-gpu}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: gpu1}
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: work
+        image: IMAGE
+        command: ["sleep", "infinity"]
+        resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+
+def wait_gpu_pod(heal: Heal, node: str, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = json.loads(heal.kubectl("get pods -l app=heal-gpu -o json"))["items"]
+        running = [
+            p["metadata"]["name"]
+            for p in pods
+            if p["status"].get("phase") == "Running" and p["spec"].get("nodeName") == node
+            and not p["metadata"].get("deletionTimestamp")
+        ]  # fmt: skip
+        if running:
+            return running[0]
+        assert time.monotonic() < deadline, f"no heal-gpu pod running on {node}: {pods}"
+        time.sleep(3)
+
+
+def test_faults_on_three_nodes_are_repaired_one_at_a_time(heal: Heal) -> None:
+    """Xid 79 on gpu1 (a reboot), Xid 48 on gpu2 and gpu3 (a GPU reset; gpu2's fabric manager holds its
+    GPUs, so its reset is refused and escalates to a reboot) with --max-concurrent 1: one node out of work
+    at a time, each certified and uncordoned, the GPU workload back on gpu1."""
+    manifest = GPU_DEPLOYMENT.replace("IMAGE", heal.lab.tools_image)
+    res = heal.lab.ssh("cp1", f"cat <<'EOF' | {KUBECTL} apply -f -\n{manifest}\nEOF")
+    assert res.returncode == 0, res.stderr
+    first_pod = wait_gpu_pod(heal, "gpu1")
+    boots = {h: heal.boot_id(h) for h in GPU_HOSTS}
+    heal.fault("gpu1", "xid", "--gpu", "0", "--xid", "79")
+    heal.fault("gpu2", "xid", "--gpu", "0", "--xid", "48")
+    heal.fault("gpu3", "xid", "--gpu", "0", "--xid", "48")
+
+    rc, plan, err = heal.remediate("--dry-run")
+    assert rc == 1, err
+    actions = {h: r["action"] for h, r in rows(plan).items() if h in GPU_HOSTS}
+    assert actions == {"gpu1": "reboot", "gpu2": "reset-gpu", "gpu3": "reset-gpu"}, plan
+
+    rc, doc, err = heal.remediate("--max-concurrent", "1", "--allow-reboot")
+    assert rc == 0, f"{doc}\n{err[-4000:]}"
+    got = rows(doc)
+    assert {h: got[h]["outcome"] for h in GPU_HOSTS} == dict.fromkeys(GPU_HOSTS, "repaired"), got
+    steps = history(doc["record"])
+    # one node out of work at a time
+    windows = sorted(out_of_work(steps[h]) for h in GPU_HOSTS)
+    for (_, end), (start, _) in itertools.pairwise(windows):
+        assert end <= start, windows
+    names = {h: [s for s, *_ in steps[h]] for h in GPU_HOSTS}
+    assert "rebooting" in names["gpu1"] and "resetting" not in names["gpu1"]
+    assert "resetting" in names["gpu3"] and "rebooting" not in names["gpu3"], got["gpu3"]
+    assert "resetting" in names["gpu2"] and "rebooting" in names["gpu2"], got["gpu2"]
+    assert heal.boot_id("gpu1") != boots["gpu1"] and heal.boot_id("gpu3") == boots["gpu3"]
+    for h in GPU_HOSTS:
+        node = heal.node(h)
+        assert not node["spec"].get("unschedulable"), h
+        assert TAINT not in {t["key"] for t in node["spec"].get("taints") or []}, h
+    assert wait_gpu_pod(heal, "gpu1") != first_pod  # evicted by the drain, back on the repaired node
+    events = heal.kubectl(
+        "get events -A --field-selector involvedObject.kind=Node,involvedObject.name=gpu3 -o json"
+    )
+    reasons = [
+        e["reason"] for e in json.loads(events)["items"] if e.get("source", {}).get("component") == "gpuprov"
+    ]
+    assert {"GpuprovRemediate", "GpuprovGpuReset", "GpuprovRepaired"} <= set(reasons), reasons
+    rc, plan, err = heal.remediate("--dry-run")
+    assert rc == 0, plan  # nothing left to do
+
+
+def test_an_application_xid_is_left_alone_and_a_failed_remap_goes_to_service(heal: Heal) -> None:
+    heal.fault("gpu3", "xid", "--gpu", "0", "--xid", "13")
+    heal.fault("gpu2", "remap-failure", "--gpu", "1")
+    try:
+        rc, doc, err = heal.remediate("--max-concurrent", "2", "--allow-reboot")
+        assert rc == 1, err
+        got = rows(doc)
+        assert got["gpu3"]["outcome"] == "none" and got["gpu3"]["action"] == "none", got["gpu3"]
+        assert not heal.node("gpu3")["spec"].get("unschedulable")
+        assert got["gpu2"]["outcome"] == "needs-service", got["gpu2"]
+        node = heal.node("gpu2")
+        assert node["spec"].get("unschedulable") is True
+        assert {"key": TAINT, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+        assert "row remapping failed" in node["metadata"]["annotations"][TAINT]
+        # never retried by itself: the next run holds it and touches nothing
+        rc, doc, err = heal.remediate("--max-concurrent", "2", "--allow-reboot")
+        assert rc == 1 and rows(doc)["gpu2"]["outcome"] == "held", doc
+        assert doc["record"] is None  # nothing was acted on
+    finally:
+        heal.put_back("gpu2")
+        heal.fault("gpu3", "clear")
+
+
+def test_an_exhausted_budget_stops_the_loop(heal: Heal, tmp_path: Path) -> None:
+    home = tmp_path / "home"  # a budget of its own: the runs above drained hosts within the hour
+    heal.fault("gpu1", "xid", "--gpu", "0", "--xid", "48")
+    heal.fault("gpu3", "xid", "--gpu", "0", "--xid", "48")
+    try:
+        rc, doc, err = heal.remediate("--max-concurrent", "1", "--budget", "1/1h", home=home)
+        assert rc == 1, err
+        got = rows(doc)
+        assert got["gpu1"]["outcome"] == "repaired", got["gpu1"]
+        assert got["gpu3"]["outcome"] == "not-started", got["gpu3"]
+        assert "budget exhausted" in doc["stop_reason"]
+        assert not heal.node("gpu3")["spec"].get("unschedulable")
+    finally:
+        heal.fault("gpu1", "clear")
+        heal.fault("gpu3", "clear")
