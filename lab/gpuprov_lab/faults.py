@@ -4,9 +4,9 @@ the host is detached from the lab network and reattached with the same address o
 
 faults.json: ``{"faults": [{"kind": "xid", "gpu": 0, "xid": 79, "id": "9f2c..."}, {"kind": "mig-fail"}]}``.
 
-A GPU fault is an event: each injection gets an ``id`` of its own, so that the host sees the same kind,
-GPU and Xid injected again as a new event (its own key there). Entries without an id (older labs) still
-apply.
+A GPU fault is an event: each injection gets an ``id`` of its own, so that the host, which clears the
+faults a GPU reset or a reboot clears (gpu/recovery.py) for as long as they stay in the file, shows the
+same kind, GPU and Xid injected again as a new event. Entries without an id (older labs) still apply.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def build_fault(st: state.LabState, host: str, kind: str, gpu: int | None, xid: 
 def with_fault(current: list[Fault], fault: Fault) -> list[Fault]:
     """The host's faults with ``fault`` added. A host fault is a condition: injecting one in force again
     changes nothing. A GPU fault is an event with an id of its own: injecting it again replaces the entry
-    of the same kind, GPU and Xid with a new event."""
+    of the same kind, GPU and Xid with a new event, which shows again even where a GPU reset or a reboot
+    cleared the last one."""
     if fault["kind"] not in GPU_KINDS:
         return current if fault in current else [*current, fault]
     others = [f for f in current if {k: v for k, v in f.items() if k != "id"} != fault]
