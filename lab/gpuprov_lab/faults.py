@@ -2,7 +2,11 @@
 at /etc/gpuprov-lab in the host), and the emulation inside reads it live. ``unreachable`` is done here:
 the host is detached from the lab network and reattached with the same address on ``clear``.
 
-faults.json: ``{"faults": [{"kind": "xid", "gpu": 0, "xid": 79}, {"kind": "install-fail"}, ...]}``.
+faults.json: ``{"faults": [{"kind": "xid", "gpu": 0, "xid": 79, "id": "9f2c..."}, {"kind": "mig-fail"}]}``.
+
+A GPU fault is an event: each injection gets an ``id`` of its own, so that the host, which clears the
+faults a GPU reset or a reboot clears (gpu/recovery.py) for as long as they stay in the file, shows the
+same kind, GPU and Xid injected again as a new event. Entries without an id (older labs) still apply.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +97,17 @@ def build_fault(st: state.LabState, host: str, kind: str, gpu: int | None, xid: 
     return fault
 
 
+def with_fault(current: list[Fault], fault: Fault) -> list[Fault]:
+    """The host's faults with ``fault`` added. A host fault is a condition: injecting one in force again
+    changes nothing. A GPU fault is an event with an id of its own: injecting it again replaces the entry
+    of the same kind, GPU and Xid with a new event, which shows again even where a GPU reset or a reboot
+    cleared the last one."""
+    if fault["kind"] not in GPU_KINDS:
+        return current if fault in current else [*current, fault]
+    others = [f for f in current if {k: v for k, v in f.items() if k != "id"} != fault]
+    return [*others, {**fault, "id": uuid.uuid4().hex[:12]}]
+
+
 def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | None = None) -> list[Fault]:
     """Add a fault to a host (or clear them all); return the host's faults now in force."""
     st = state.require(lab)
@@ -106,14 +122,14 @@ def inject(lab: str, host: str, kind: str, gpu: int | None = None, xid: int | No
                 network.reattach(st, st.host(host))
             write_faults(lp, host, [])
             now: list[Fault] = []
-        elif fault in current:
-            return current
         else:
+            now = with_fault(current, fault)
+            if now == current:
+                return current
             if fault["kind"] == "unreachable":
                 network.detach(st, st.host(host))
-            current.append(fault)
-            write_faults(lp, host, current)
-            now = current
+            write_faults(lp, host, now)
+            current = now
     if any(f.get("kind") == "drain-block" for f in current):  # added now, or there before a clear
         blocked = any(f.get("kind") == "drain-block" for f in now)
         if _kubectl(st, "apply" if blocked else "delete --ignore-not-found --wait=false",

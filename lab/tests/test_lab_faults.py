@@ -1,10 +1,12 @@
-"""`gpuprov lab fault HOST drain-block`: a pod on the host's node that a PodDisruptionBudget keeps, made
-through the cluster's API; the command returns once it runs (or is gone, after clear), since a drain
-started before that would not be blocked."""
+"""`gpuprov lab fault`: each GPU fault injected is a new event (an id of its own), a host fault a
+condition; `drain-block` is a pod on the host's node that a PodDisruptionBudget keeps, made through the
+cluster's API; the command returns once it runs (or is gone, after clear), since a drain started before
+that would not be blocked."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,3 +92,26 @@ def test_a_fault_that_never_takes_effect_is_an_error_naming_the_host(cp: Control
     cp.answers += [[_pod("False")]]
     with pytest.raises(LabError, match=r"gpu1: drain-block not in force after 0s"):
         faults.wait_drain_block(_lab(), "gpu1", blocked=True, timeout=0)
+
+
+def test_lab_fault_makes_each_gpu_fault_a_new_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpuprov lab fault` keeps its interface: the entry it writes gains an id, a new one each time."""
+    monkeypatch.setenv("GPUPROV_LAB_STATE_ROOT", str(tmp_path))
+    lab = _lab()
+    monkeypatch.setattr(faults.state, "require", lambda name: lab)
+    first = faults.inject("t", "gpu1", "xid", xid=48)
+    assert [faults.describe(f) for f in first] == ["xid(gpu=0,xid=48)"]
+    again = faults.inject("t", "gpu1", "xid", xid=48)
+    assert [faults.describe(f) for f in again] == ["xid(gpu=0,xid=48)"] and again[0]["id"] != first[0]["id"]
+    assert faults.read_faults(lab.paths, "gpu1") == again
+    assert faults.inject("t", "gpu1", "mig-fail") == [*again, {"kind": "mig-fail"}]
+    assert faults.inject("t", "gpu1", "mig-fail") == [*again, {"kind": "mig-fail"}]
+    assert faults.inject("t", "gpu1", "clear") == [] == faults.read_faults(lab.paths, "gpu1")
+
+
+def test_host_faults_stay_conditions() -> None:
+    assert faults.with_fault([{"kind": "mig-fail"}], {"kind": "mig-fail"}) == [{"kind": "mig-fail"}]
+    both = faults.with_fault(
+        [{"kind": "xid", "gpu": 0, "xid": 79, "id": "x"}], {"kind": "xid", "gpu": 0, "xid": 48}
+    )
+    assert [(f["xid"], "id" in f) for f in both] == [(79, True), (48, True)]

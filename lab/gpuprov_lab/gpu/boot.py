@@ -8,7 +8,9 @@ Run by gpuprov-lab-hardware.service early at boot (before journald), from /etc/g
 - tmpfs over /sys/module (the kernel's own entries copied in) and /proc/driver, and the generated
   module list bind-mounted over /proc/modules where the kernel has one;
 - this boot's kernel log, and the modules udev would load: nouveau unless blacklisted, and the
-  NVIDIA modules when DKMS installed them for the running kernel.
+  NVIDIA modules when DKMS installed them for the running kernel;
+- first, what a reboot clears of the injected faults (recovery.py): every Xid, the volatile ECC counts,
+  a pending row remap (activated); remap failures, PCIe link faults and missing GPUs stay.
 
 All of it happens in the container's own mount namespace: nothing of the machine running the lab
 changes. With a test root (GPUPROV_SIM_ROOT) the same files are written without mounting.
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import core, kmod, watch
+from . import core, kmod, recovery, watch
 
 
 def _mount(host: core.Host, *args: str) -> str | None:
@@ -215,6 +217,7 @@ def boot(host: core.Host) -> int:
             kmod.render(host, st)
             return 0
         st["booted"] = True
+        recovery.note_boot(host, st)  # what the reboot cleared is gone before the driver loads
         core.write_text(run / "boot_id", st["boot_id"] + "\n", 0o444)
         host.log(st, *kernel_banner(host), at=0.0)
     _bind_file(host, run / "boot_id", "/proc/sys/kernel/random/boot_id", problems)

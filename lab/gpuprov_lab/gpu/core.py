@@ -4,6 +4,10 @@ A :class:`Host` is the machine the simulated tools run on. Its ``root`` is ``/``
 temporary directory in unit tests (GPUPROV_SIM_ROOT). Run-time state is one JSON document under
 /run/gpuprov-lab, changed under a lock, so concurrent tools (modprobe from a role, nvidia-smi from a
 probe, the fault watcher) see one consistent "kernel".
+
+An injected fault is an event on the GPU: which boot first showed it, and whether a GPU reset or a
+reboot has since cleared it (see recovery.py), is kept in FAULT_EVENTS, outside /run, so a cleared
+fault stays cleared across reboots while it stays in faults.json.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ FAULTS = "/etc/gpuprov-lab/faults.json"
 # NVIDIA's mock NVML configuration of this host's GPUs, without its system section (see kmod._render_nvml).
 NVML_TEMPLATE = "/etc/gpuprov-lab/nvml-mock.yaml"
 RUN = "/run/gpuprov-lab"
+# Injected fault (its key) → {"boot": boot id that first showed it, "cleared": "reset"/"reboot"}; kept
+# across reboots (a container restart keeps /var/lib).
+FAULT_EVENTS = "/var/lib/gpuprov-lab/fault-events.json"
 SIMULATED = "SIMULATED (gpuprov lab)"
 
 
@@ -86,19 +93,47 @@ class Host:
 
     # ------------------------------------------------------------------------------------ faults
 
-    def faults(self) -> list[dict[str, Any]]:
-        """The faults in force now (read live: the controller rewrites the file at any time)."""
+    def injected(self) -> list[dict[str, Any]]:
+        """The faults the controller injected (read live: it rewrites the file at any time)."""
         try:
             doc = json.loads(self.p(FAULTS).read_text())
         except (OSError, ValueError):
             return []
         return [f for f in doc.get("faults", []) if isinstance(f, dict) and "kind" in f]
 
+    def fault_events(self) -> dict[str, dict[str, Any]]:
+        """FAULT_EVENTS: fault key → its event record."""
+        try:
+            doc = json.loads(self.p(FAULT_EVENTS).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in doc.get("events", {}).items() if isinstance(v, dict)}
+
+    def save_fault_events(self, events: dict[str, dict[str, Any]]) -> None:
+        """Write FAULT_EVENTS (callers hold :meth:`locked`)."""
+        path = self.p(FAULT_EVENTS)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"events": events}, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    def faults(self) -> list[dict[str, Any]]:
+        """The faults in force now: injected and not cleared by a GPU reset or a reboot since."""
+        events = self.fault_events()
+        return [f for f in self.injected() if not events.get(fault_key(f), {}).get("cleared")]
+
+    def cleared_faults(self) -> list[dict[str, Any]]:
+        """Injected faults that a GPU reset or a reboot cleared (what they leave: a remapped row, the
+        aggregate ECC count)."""
+        events = self.fault_events()
+        return [f for f in self.injected() if events.get(fault_key(f), {}).get("cleared")]
+
     def has_fault(self, kind: str, index: int | None = None) -> bool:
-        for f in self.faults():
-            if f.get("kind") == kind and (index is None or f.get("gpu", 0) == index):
-                return True
-        return False
+        return _any_fault(self.faults(), kind, index)
+
+    def had_fault(self, kind: str, index: int | None = None) -> bool:
+        """A fault of this kind happened on the GPU and was cleared."""
+        return _any_fault(self.cleared_faults(), kind, index)
 
     # ------------------------------------------------------------------------------------- state
 
@@ -147,6 +182,16 @@ class Host:
         t = self.uptime(st) if at is None else at
         for i, line in enumerate(lines):
             st["klog"].append([round(t + i * 0.000013, 6), line])
+
+
+def fault_key(f: dict[str, Any]) -> str:
+    """One injected fault's identity: the whole entry, with the id ``gpuprov lab fault`` gives each GPU
+    fault (an entry written without one, as older labs did, is its own key)."""
+    return json.dumps(f, sort_keys=True)
+
+
+def _any_fault(faults: list[dict[str, Any]], kind: str, index: int | None) -> bool:
+    return any(f.get("kind") == kind and (index is None or f.get("gpu", 0) == index) for f in faults)
 
 
 def pid_alive(pid: int) -> bool:

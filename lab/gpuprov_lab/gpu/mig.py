@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import core, kmod
+from . import core, kmod, recovery
 
 RC_NO_PERMISSION = 4
 RC_NOT_FOUND = 6
@@ -214,9 +214,13 @@ def set_mode(host: core.Host, gpus: list[dict[str, Any]], enable: bool) -> str:
 
 def reset(host: core.Host, gpus: list[dict[str, Any]]) -> str:
     """``nvidia-smi -r [-i IDS]``: a GPU reset, what applies a pending MIG change on Ampere (and clears the
-    instances; on Hopper and later it clears MIG mode too). Refused while any process holds the GPU,
-    with the real text (exit status 255, as captured)."""
+    instances; on Hopper and later it clears MIG mode too) and clears the faults a reset clears on those
+    GPUs (recovery.py). Refused while any process holds the GPU, with the real text (exit status 255, as
+    captured); fails for a GPU that fell off the bus (Xid 79), before anything is reset."""
     with host.locked() as st:
+        lost = [g for g in gpus if recovery.lost(host, g["index"])]
+        if lost:
+            raise MigError(recovery.lost_message(lost), recovery.RC_GPU_IS_LOST)
         holders = kmod.users(st)
         if holders or _unprivileged(host):
             reason = "In use by another client" if holders else "Insufficient Permissions"
@@ -244,6 +248,7 @@ def reset(host: core.Host, gpus: list[dict[str, Any]]) -> str:
                 cur["gis"] = []
                 cur["current"] = cur["pending"] = bool(cur["pending"]) if ampere else False
             out.append(f"GPU {g['bus_id']} was successfully reset.")
+        recovery.reset(host, gpus)
     return "\n".join([*out, "All done."]) + "\n"
 
 

@@ -171,8 +171,12 @@ def gpu_values(host: core.Host, st: dict[str, Any], g: dict[str, Any], driver: s
     used = 0
     ecc = bool(g.get("ecc", True))
     unc = ECC_FAULT_COUNT if host.has_fault("ecc", idx) else 0
+    # A reset or a reboot clears the volatile count, not the aggregate one, and activates a pending
+    # remap: the row stays remapped (recovery.py).
+    lifetime_unc = ECC_FAULT_COUNT if unc or host.had_fault("ecc", idx) else 0
     pending = host.has_fault("remap-pending", idx)
     failure = host.has_fault("remap-failure", idx)
+    remapped = pending or failure or host.had_fault("remap-pending", idx)
     device_id = f"{int(g['device_id'], 16):04X}{int(g['vendor_id'], 16):04X}"
     subsys = f"{int(g['subsystem_device_id'], 16):04X}{int(g['subsystem_vendor_id'], 16):04X}"
     cls = int(g["class"], 16)
@@ -226,8 +230,8 @@ def gpu_values(host: core.Host, st: dict[str, Any], g: dict[str, Any], driver: s
         "ecc_mode/current_ecc": "Enabled" if ecc else "Disabled",
         "ecc_mode/pending_ecc": "Enabled" if ecc else "Disabled",
         "ecc_errors/volatile/dram_uncorrectable": str(unc),
-        "ecc_errors/aggregate/dram_uncorrectable": str(unc),
-        "remapped_rows/remapped_row_unc": str(int(pending or failure)),
+        "ecc_errors/aggregate/dram_uncorrectable": str(lifetime_unc),
+        "remapped_rows/remapped_row_unc": str(int(remapped)),
         "remapped_rows/remapped_row_pending": "Yes" if pending else "No",
         "remapped_rows/remapped_row_failure": "Yes" if failure else "No",
         "temperature/gpu_temp": f"{g['temp_c']} C",

@@ -2,8 +2,9 @@
 
 faults.json changes at any time (``gpuprov lab fault``). :func:`sync` brings the simulated hardware in
 line with it: when a fault first shows, its time is recorded (so an Xid appears in the kernel log at
-the moment it "happened"), and the PCIe link attributes in sysfs follow the ``pcie`` fault. Every
-simulated tool calls it before answering, and gpuprov-lab-faultwatch.service calls it every second.
+the moment it "happened") and its boot (so a reboot clears what a reboot clears, recovery.py), and the
+PCIe link attributes in sysfs follow the ``pcie`` fault. Every simulated tool calls it before
+answering, and gpuprov-lab-faultwatch.service calls it every second.
 """
 
 from __future__ import annotations
@@ -14,21 +15,19 @@ import sys
 import time
 from typing import Any
 
-from . import core, kmod
+from . import core, kmod, recovery
 
-
-def fault_key(f: dict[str, object]) -> str:
-    return json.dumps(f, sort_keys=True)
+fault_key = core.fault_key
 
 
 def sync(host: core.Host) -> None:
-    faults = host.faults()
-    keys = {fault_key(f) for f in faults}
     with host.locked() as st:
+        recovery.note_boot(host, st)
+        keys = {fault_key(f) for f in host.faults()}
         seen = st["fault_seen"]
         for k in list(seen):
             if k not in keys:
-                del seen[k]  # cleared: the lab "repaired" it
+                del seen[k]  # removed by the controller, or cleared by a GPU reset or a reboot
         for k in sorted(keys):
             seen.setdefault(k, round(host.uptime(st), 6))
         kmod.users(st)  # daemons that died no longer hold the driver
