@@ -40,11 +40,21 @@ def xids(host: SimHost) -> list[tuple[int, str]]:
     return [(x.xid, x.pci) for x in parse_kernel_log(host.dmesg())]
 
 
-def actions(host: SimHost) -> dict[int | None, str]:
-    """The product's remediation decision per GPU (only those that need something)."""
-    plan = decide.plan_host(HostFacts("gpu2", host.probe_results()))
+def actions(host: SimHost, reset_at: dict[str, float] | None = None) -> dict[int | None, str]:
+    """The product's remediation decision per GPU (only those that need something); `reset_at` as the
+    product keeps it: the GPUs it reset in this boot, by PCI device, with the uptime before the reset."""
+    plan = decide.plan_host(HostFacts("gpu2", host.probe_results()), reset_at=reset_at)
     assert plan.error is None, plan.error
     return {g.index: g.action for g in plan.gpus if g.action != decide.NONE}
+
+
+def in_force(host: SimHost) -> list[tuple[int, int]]:
+    """(Xid, GPU index) of the injected Xid faults not cleared by a reset or a reboot."""
+    return [(int(f["xid"]), int(f["gpu"])) for f in host.host.faults() if f["kind"] == "xid"]
+
+
+def uptime(host: SimHost) -> float:
+    return host.host.uptime(host.host.state())
 
 
 def reset(host: SimHost, *ids: int) -> tuple[int, str]:
@@ -94,11 +104,16 @@ def test_a_reset_clears_the_reset_bucket_xids_of_that_gpu_only(h100: SimHost) ->
         [(48, PCI[1]), (94, PCI[1]), (151, PCI[1]), (31, PCI[3]), (95, PCI[3])]
     )
     assert actions(h100) == {1: decide.REBOOT, 3: decide.RESET_GPU}
+    logged = sorted(xids(h100))
+    before = uptime(h100)
     assert reset(h100, 1) == (0, f"GPU {BUS[1]} was successfully reset.\nAll done.\n")
-    assert sorted(xids(h100)) == sorted([(151, PCI[1]), (31, PCI[3]), (95, PCI[3])])
-    assert actions(h100) == {1: decide.REBOOT, 3: decide.RESET_GPU}
+    # The kernel keeps the boot's log as it was; the reset shows in what a probe of the GPU reads.
+    assert sorted(xids(h100)) == logged
+    assert h100.host.faults() == [f for f in h100.host.injected() if f["gpu"] == 3 or f["xid"] == 151]
+    # For the product, GPU 1's Xids 48 and 94 logged before the reset are answered by it; 151 is not.
+    assert actions(h100, {PCI[1]: before}) == {1: decide.REBOOT, 3: decide.RESET_GPU}
     assert reset(h100, 3)[0] == 0
-    assert xids(h100) == [(151, PCI[1])]
+    assert actions(h100, {PCI[1]: before, PCI[3]: uptime(h100)}) == {1: decide.REBOOT}
     h100.boot()
     assert xids(h100) == []
     assert actions(h100) == {}
@@ -137,8 +152,9 @@ def test_a_reset_is_refused_while_a_process_holds_the_gpu_and_then_clears_nothin
     assert parse_nvidia_smi_xml(h100.smi("-q", "-x")[1]).gpus[2].remap_pending is True
     with h100.host.locked() as st:
         st["users"].clear()
+    assert in_force(h100) == [(48, 2)]
     assert reset(h100, 2)[0] == 0
-    assert xids(h100) == []
+    assert in_force(h100) == [] and xids(h100) == [(48, PCI[2])]  # the boot's log keeps its line
     assert parse_nvidia_smi_xml(h100.smi("-q", "-x")[1]).gpus[2].remap_pending is False
 
 
@@ -195,17 +211,19 @@ def test_the_same_fault_injected_again_after_a_clear_shows_again(h100: SimHost) 
     xid48 = {"kind": "xid", "gpu": 2, "xid": 48}
     current = faults.with_fault([], xid48)
     h100.set_faults(current)
-    assert xids(h100) == [(48, PCI[2])]
+    assert in_force(h100) == [(48, 2)]
     assert reset(h100, 2)[0] == 0
-    assert xids(h100) == []
+    assert in_force(h100) == []
     h100.set_faults(current)  # rewritten unchanged: the same event, still cleared
-    assert xids(h100) == []
+    assert in_force(h100) == []
     again = faults.with_fault(current, xid48)
     assert len(again) == 1 and again[0]["id"] != current[0]["id"]
     h100.set_faults(again)
+    assert in_force(h100) == [(48, 2)]
+    # The new event's line (the entry it replaced goes with its line, as `lab fault ... clear` does).
     assert xids(h100) == [(48, PCI[2])]
     h100.boot()
-    assert xids(h100) == []
+    assert xids(h100) == [] and in_force(h100) == []
     h100.set_faults(faults.with_fault(again, xid48))
     assert xids(h100) == [(48, PCI[2])]
 
@@ -213,8 +231,9 @@ def test_the_same_fault_injected_again_after_a_clear_shows_again(h100: SimHost) 
 def test_faults_without_an_id_still_apply_and_clear(h100: SimHost) -> None:
     h100.set_faults([{"kind": "xid", "gpu": 2, "xid": 48}, {"kind": "remap-pending", "gpu": 2}])
     assert xids(h100) == [(48, PCI[2])]
+    before = uptime(h100)
     assert reset(h100, 2)[0] == 0
-    assert xids(h100) == [] and actions(h100) == {}
+    assert in_force(h100) == [] and actions(h100, {PCI[2]: before}) == {}
 
 
 def test_the_cleared_state_lives_outside_run_and_forgets_what_the_controller_removed(h100: SimHost) -> None:

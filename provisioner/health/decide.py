@@ -126,13 +126,16 @@ class HostEvidence:
     error: str | None = None
 
 
-def gather(facts: HostFacts, reset_at: Mapping[str, float] | None = None) -> HostEvidence:
+def gather(
+    facts: HostFacts, reset_at: Mapping[str, float] | None = None, table: XidTable | None = None
+) -> HostEvidence:
     """What the decision reads, from the facts `verify` reads (PCI list, nvidia-smi -q -x, kernel log).
     Any of them unreadable → an error: no evidence must never read as 'nothing to do'.
 
     `reset_at`: GPUs (by PCI domain:bus:device) reset in this boot, with the host's uptime just before the
     reset. The kernel log keeps the Xids that led to the reset for the rest of the boot; those stamped
-    before it are what the reset answered, not new evidence. An Xid without a time stamp still counts."""
+    before it whose action a reset is (or less) are what the reset answered, not new evidence. An Xid
+    that asks for more (a reboot, service) still counts, and so does one without a time stamp."""
     ev = HostEvidence(facts.host)
     try:
         pci = host.pci_gpus(facts)
@@ -162,7 +165,8 @@ def gather(facts: HostFacts, reset_at: Mapping[str, float] | None = None) -> Hos
         by_device[pci_device(g.pci)] = g
     for e in events:
         done = (reset_at or {}).get(pci_device(e.pci))
-        if done is not None and e.uptime is not None and e.uptime <= done:
+        answered = done is not None and e.uptime is not None and e.uptime <= done
+        if answered and (table or xid_table()).rule(e.xid).action in (NONE, RESET_GPU):
             continue
         target = by_device.get(pci_device(e.pci))
         if target is not None:
@@ -301,4 +305,4 @@ def decide(ev: HostEvidence, table: XidTable | None = None) -> HostPlan:
 def plan_host(
     facts: HostFacts, table: XidTable | None = None, reset_at: Mapping[str, float] | None = None
 ) -> HostPlan:
-    return decide(gather(facts, reset_at), table)
+    return decide(gather(facts, reset_at, table), table)

@@ -286,6 +286,8 @@ def test_xids_from_before_a_gpu_reset_are_what_the_reset_answered() -> None:
     assert plan_host(with_xids(xid_line(48, t=100.0)), reset_at={"0000:00:06": 200.0}).action == NONE
     # another GPU's reset answers nothing here
     assert plan_host(with_xids(xid_line(48, t=100.0)), reset_at={"0000:00:07": 200.0}).action == RESET_GPU
+    # an Xid that asks for more than a reset is not answered by one
+    assert plan_host(with_xids(xid_line(79, t=100.0)), reset_at={"0000:00:06": 200.0}).action == REBOOT
 
 
 def test_an_xid_without_a_time_stamp_still_counts_after_a_reset() -> None:

@@ -3,9 +3,8 @@
 The lab hosts share the controller's kernel, whose real ring buffer must not show up in them (journald
 runs with ReadKMsg=no there). This dmesg prints the simulated kernel's log instead: the boot banner and
 PCI enumeration of the host's profile, driver loads and unloads in the real format, and the NVRM Xid
-lines of injected ``xid`` faults, stamped with the time they first showed, for as long as they are in
-force: a GPU reset or a reboot that clears one (recovery.py) takes its lines out. (A real GPU reset
-leaves the boot's log as it is; the lab's log reads healthy after the repair.)
+lines of injected ``xid`` faults, stamped with the time they first showed. A GPU reset that clears one
+(recovery.py) leaves its lines in this boot's log, as the kernel does; a reboot starts a log without them.
 """
 
 from __future__ import annotations

@@ -43,9 +43,8 @@ resets any, so one lost GPU fails the whole command; that a reset neither clears
 Xids whose action is service. A lost GPU is otherwise still answered by the lab's nvidia-smi (-q -x,
 -L): only the reset sees it lost.
 
-Departure from real hardware: a GPU reset removes nothing from the kernel's log, where the Xid line of
-the boot stays until a reboot; the lab's dmesg prints the Xid lines of the faults in force only, so the
-kernel log reads healthy after a reset cleared them.
+A GPU reset removes nothing from the kernel's log: the Xid lines of the boot stay until a reboot, in the
+lab as on real hardware (watch.sync keeps them), stamped with the time they first showed.
 """
 
 from __future__ import annotations
@@ -104,6 +103,12 @@ def reset(host: core.Host, gpus: list[dict[str, Any]]) -> None:
         events.setdefault(core.fault_key(f), {})["cleared"] = RESET
     if cleared:
         host.save_fault_events(events)
+
+
+def cleared_in_boot(host: core.Host, key: str) -> bool:
+    """The injected Xid fault ``key`` was cleared by a GPU reset (its lines stay in this boot's log)."""
+    event = host.fault_events().get(key) or {}
+    return event.get("cleared") == RESET and '"kind": "xid"' in key
 
 
 def lost_message(gpus: list[dict[str, Any]]) -> str:

@@ -25,9 +25,12 @@ def sync(host: core.Host) -> None:
         recovery.note_boot(host, st)
         keys = {fault_key(f) for f in host.faults()}
         seen = st["fault_seen"]
+        # An Xid a GPU reset cleared stays in this boot's kernel log, as on real hardware: the log keeps
+        # the boot's lines until the next boot (whose state starts without them).
+        logged = {k for k in seen if recovery.cleared_in_boot(host, k)}
         for k in list(seen):
-            if k not in keys:
-                del seen[k]  # removed by the controller, or cleared by a GPU reset or a reboot
+            if k not in keys and k not in logged:
+                del seen[k]  # removed by the controller, or cleared by a reboot
         for k in sorted(keys):
             seen.setdefault(k, round(host.uptime(st), 6))
         kmod.users(st)  # daemons that died no longer hold the driver
