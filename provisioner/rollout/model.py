@@ -102,6 +102,8 @@ class Kube(Protocol):
 
     def annotate(self, name: str, text: str | None) -> None: ...  # None removes the annotation
 
+    def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...  # None removes
+
 
 class Fleet(Protocol):
     """The hosts; a client's fleet adds the change itself."""
