@@ -218,9 +218,8 @@ def _bandwidth_parts(
     if run.error:
         return [Part("bandwidth", ERROR, f"nvbandwidth: {run.error}", STANDARD)], []
     floors = skus.bandwidth_floors(models, table)
-    nvlink_expected = any(
-        m is not None and (m.get("nvlink_links") or skus.Value(0, ())).value for m in models
-    )
+    links = [m.get("nvlink_links") for m in models if m is not None]
+    nvlink_expected = any(v is not None and v.value for v in links)
     parts: list[Part] = []
     warnings: list[str] = []
     by_name = {c.name: c for c in run.testcases}
@@ -269,22 +268,30 @@ def _bandwidth_parts(
 
 
 def _reached(
-    level: str, parts: list[Part], found: list[DiagResult], ran: int
+    level: str, parts: list[Part], found: list[DiagResult], ran: int, gpus: list[int]
 ) -> tuple[str | None, list[str]]:
-    """The highest level whose parts (and the lower levels') passed and whose DCGM tests ran; and, for
-    the first level that was not reached only for want of DCGM's tests, why."""
+    """The highest level whose parts (and the lower levels') passed and whose DCGM tests ran on every
+    GPU; and, for the first level that was not reached for want of DCGM's tests, why."""
     reached: str | None = None
     for t in LEVELS[: LEVELS.index(level) + 1]:
         upto = LEVELS.index(t)
         blocked = any(p.status in BLOCKING and LEVELS.index(p.level) <= upto for p in parts)
+        n = DCGM_LEVEL[t]
         tier = [r for r in found if level_of(r.level(ran)) == t]
         passed = [r for r in tier if r.status == dcgm.PASS]
         if not passed:
-            n = DCGM_LEVEL[t]
-            why = next((p.detail for p in parts if p.id == "dcgm"), "")
+            not_run = next((p for p in parts if p.id == "dcgm"), None)
+            if not_run is not None and not_run.status == ERROR:
+                return reached, []  # a reason of its own already
+            why = not_run.detail if not_run is not None else ""
             if not why:
                 why = "DCGM reported none of them" if not tier else "none of them passed (skipped or not run)"
             return reached, [f"{t}: DCGM's level-{n} tests did not run: {why}"]
+        tested = {r.gpu for r in passed if r.gpu is not None}
+        untested = [g for g in gpus if g not in tested] if tested else []
+        if untested:
+            shown = ", ".join(map(str, untested))
+            return reached, [f"{t}: DCGM's level-{n} tests passed on no result for GPU {shown}"]
         if blocked:
             return reached, []
         reached = t
@@ -309,5 +316,6 @@ def decide(facts: HostFacts, level: str, table: skus.SkuTable | None = None) -> 
         bw_parts, warnings = _bandwidth_parts(facts, models, table, len(result.gpus))
         result.parts += bw_parts
         result.warnings += warnings
-    result.reached, result.missing = _reached(level, result.parts, found, DCGM_LEVEL[level])
+    indexes = [g["index"] for g in result.gpus]
+    result.reached, result.missing = _reached(level, result.parts, found, DCGM_LEVEL[level], indexes)
     return result

@@ -180,6 +180,12 @@ def test_a_level_whose_tests_all_skipped_is_not_reached() -> None:
     assert r.reasons == ["quick: DCGM's level-1 tests did not run: none of them passed (skipped or not run)"]
 
 
+def test_a_gpu_dcgm_did_not_test_keeps_the_level_unreached() -> None:
+    r = certify(gpus=2)  # DCGM's level-1 results name GPU 0 only
+    assert (r.certified, r.reached) == (False, None)
+    assert r.reasons == ["quick: DCGM's level-1 tests passed on no result for GPU 1"]
+
+
 def test_inactive_nvlink_blocks_quick() -> None:
     r = certify(**{"nvidia-smi-nvlink.txt": (0, nvlink(1, inactive=(4,)), "")})
     assert not r.certified and any(x.startswith("sku nvlink [GPU 0]: fail: 17 of 18") for x in r.reasons)
