@@ -34,7 +34,7 @@ def to_table(run: CertRun) -> str:
         if models:
             lines.append(f"    GPUs: {short_safe_text(models, 300)}")
         for reason in r.reasons:
-            lines.append(f"    reason: {short_safe_text(reason, 300)}")
+            lines.append(f"    reason: {short_safe_text(reason, 1000)}")  # whole: it names its sources
         for warning in r.warnings:
             lines.append(f"    warning: {short_safe_text(warning, 300)}")
         if r.label:
@@ -59,12 +59,11 @@ def to_junit(run: CertRun) -> str:
         cases: list[tuple[str, str, str]] = [(p.name, p.status, p.detail) for p in r.parts]
         if r.error is not None:
             cases.insert(0, ("host", ERROR, f"host not read: {r.error}"))
-        for t in LEVELS[: LEVELS.index(r.level) + 1]:
-            reached = r.reached is not None and LEVELS.index(r.reached) >= LEVELS.index(t)
-            why = (
-                "; ".join(x for x in r.missing if x.startswith(f"{t}:"))
-                or "not reached (see the failing cases)"
-            )
+        for i, t in enumerate(LEVELS[: LEVELS.index(r.level) + 1]):
+            reached = r.reached is not None and LEVELS.index(r.reached) >= i
+            below = i > 0 and (r.reached is None or LEVELS.index(r.reached) < i - 1)
+            why = "; ".join(x for x in r.missing if x.startswith(f"{t}:"))
+            why = why or (f"not reached: level {LEVELS[i - 1]} was not" if below else "see the failing cases")
             cases.append((f"level {t}", "pass" if reached else FAIL, "reached" if reached else why))
         for name, status, detail in cases:
             case = ET.SubElement(

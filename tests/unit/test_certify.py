@@ -106,6 +106,7 @@ def test_a_sku_mismatch_blocks_with_expected_seen_and_source() -> None:
     assert not r.certified
     (reason,) = [x for x in r.reasons if x.startswith("sku memory")]
     assert "71885 MiB" in reason and "expected 143771 MiB" in reason and "source: real H200 host" in reason
+    assert f"reason: {reason}\n" in certify_render.to_table(CertRun([r]))  # whole, with its source
 
 
 def test_an_unknown_model_is_certified_only_loudly() -> None:
@@ -318,6 +319,9 @@ def test_junit_one_suite_per_host_one_case_per_check() -> None:
     level = suites[1].findall("testcase")[-1]
     failure = level.find("failure")
     assert failure is not None and "dcgmi not installed" in (failure.text or "")
+    higher = ET.fromstring(certify_render.to_junit(CertRun([certify("extended")])))
+    standard = higher.find("testsuite/testcase[@name='level standard']/failure")
+    assert standard is not None and standard.text == "not reached: level quick was not"
     assert suites[1].find("testcase[@name='dcgm']/skipped") is not None
 
 
