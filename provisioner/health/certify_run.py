@@ -262,12 +262,24 @@ class _Progress:
             self.thread.join()
 
 
-def _control_plane(inventory: Path) -> Any | None:
+def _inventory_hosts(inventory: Path, limit: str | None) -> tuple[list[Any], Any | None, list[str]]:
+    """The hosts to certify: the selected ones of group gpu_nodes where the inventory has that group
+    (a control plane without GPUs is no GPU node to certify), else every selected host; the first
+    control-plane host (None: no cluster); and the hosts left out, for a note."""
     from provisioner.inventory import load_inventory
 
+    selected = load_hosts(inventory, limit)
     inv = load_inventory(inventory)
     control = inv.select("kube_control_plane") if "kube_control_plane" in inv.group_names else []
-    return control[0] if control else None
+    if "gpu_nodes" not in inv.group_names:
+        return selected, control[0] if control else None, []
+    gpu = [h for h in selected if "gpu_nodes" in (h.groups or ())]
+    if not gpu:
+        raise InputError(
+            f"-i {inventory}: no host of group gpu_nodes selected" + (f" by --limit {limit}" if limit else "")
+        )
+    left_out = [h.name for h in selected if h not in gpu]
+    return gpu, control[0] if control else None, left_out
 
 
 def run_certify(
@@ -292,6 +304,7 @@ def run_certify(
     if timeout is not None and timeout <= 0:
         raise InputError(f"--timeout: must be positive, got {timeout:g}")
     control: Any | None = None
+    left_out: list[str] = []
     if source == "--local":
         if limit:
             raise InputError("--limit applies to -i/--inventory or --snapshot, not --local")
@@ -301,8 +314,8 @@ def run_certify(
         targets = snapshot_targets_in(snapshot, limit)
     else:
         assert inventory is not None
-        targets = ssh_targets(load_hosts(inventory, limit), inventory=inventory)
-        control = _control_plane(inventory)
+        hosts, control, left_out = _inventory_hosts(inventory, limit)
+        targets = ssh_targets(hosts, inventory=inventory)
     limit_s = timeout or timeout_for(level)
     say = progress or (lambda _text: None)
     say(plan_text(level, len(targets), limit_s))
@@ -315,6 +328,9 @@ def run_certify(
 
         done = _run_parallel(targets, work, parallel)
     run = CertRun(done)
+    if left_out:
+        shown = ", ".join(short_safe_text(h, 60) for h in left_out)
+        run.notes.append(f"not in group gpu_nodes, so not certified: {shown}")
     if source == "--snapshot":
         run.notes.append("a snapshot is replayed: no node is labelled")
     elif source == "--local":

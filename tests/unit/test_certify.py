@@ -414,3 +414,42 @@ def test_progress_says_the_expected_time_first_then_each_host(tmp_path: Path) ->
         "gpu-01: not certified (reached no level; 1 reason(s)) after 0m00s"
     ]
     assert run.exit_code() == 1
+
+
+def test_inventory_run_labels_the_nodes_through_the_control_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli_inventory import inventory, write_inventory
+
+    inv = write_inventory(
+        tmp_path, inventory("gpu-01: {ansible_host: 192.0.2.11}", "gpu-02: {ansible_host: 192.0.2.12}")
+    )
+    outcomes = {
+        "gpu-01": certify(),
+        "gpu-02": certify(**{"dcgmi-diag.json": (200, "", "dcgmi not installed")}),
+    }
+
+    def fake_target(target: Any, level: str, timeout: float | None = None) -> CertResult:
+        result = outcomes[target.name]
+        result.identity = HostProbe(target.name, node=target.name, address=target.address)
+        return result
+
+    kube = cluster()
+    kube.nodes["gpu-02"] = NodeInfo("gpu-02", False, {LABEL: "quick"}, "", ("192.0.2.12",))
+    kube.labels["gpu-02"], kube.annotations["gpu-02"] = {LABEL: "quick"}, {ANNOTATION: "{}"}
+    controls: list[str] = []
+    monkeypatch.setattr(certify_run, "certify_target", fake_target)
+    run = run_certify(inventory=inv, kube_factory=lambda spec: controls.append(spec.name) or kube)
+    assert controls == ["cp1"]
+    assert kube.labels["gpu-01"][LABEL] == "quick" and LABEL not in kube.labels["gpu-02"]
+    assert ANNOTATION in kube.annotations["gpu-01"] and ANNOTATION not in kube.annotations["gpu-02"]
+    assert [r.label for r in run.results] == [
+        f"{LABEL}=quick set on node gpu-01",
+        f"{LABEL} removed from node gpu-02",
+    ]
+    assert run.exit_code() == 1  # gpu-02 is not certified
+    assert run.notes == ["not in group gpu_nodes, so not certified: cp1"]  # the control plane has no GPU
+    with pytest.raises(InputError, match="no host of group gpu_nodes selected by --limit cp1"):
+        run_certify(
+            inventory=inv, limit="cp1", kube_factory=lambda spec: pytest.fail("the cluster was touched")
+        )
