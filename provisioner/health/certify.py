@@ -245,8 +245,14 @@ def _bandwidth_parts(
             parts.append(Part(pid, FAIL, f"nvbandwidth reports {case.status or 'no status'}{why}", STANDARD))
             continue
         values, unmeasured = _cells(case)
-        if unmeasured:
+        if unmeasured and name == nvbandwidth.DEVICE_TO_DEVICE and not nvlink_expected:
+            # GPUs without NVLink may have no peer access at all (a PCIe host that does not allow it).
+            warnings.append(f"{name}: not measured (no peer access): {', '.join(unmeasured[:8])}")
+        elif unmeasured:
             parts.append(Part(pid, FAIL, f"not measured: {', '.join(unmeasured[:8])}", STANDARD))
+            continue
+        if not values and unmeasured:
+            parts.append(Part(pid, SKIP, "not run: no pair of GPUs with peer access", STANDARD))
             continue
         if not values:
             parts.append(Part(pid, ERROR, "nvbandwidth reported no measurement", STANDARD))

@@ -159,6 +159,41 @@ def test_slow_gpu_to_gpu_bandwidth_fails_against_the_nvlink_floor() -> None:
     assert any("lowest 41.02 GB/s, below the floor of 225 GB/s" in x for x in r.reasons)
 
 
+def test_gpus_without_peer_access_fail_only_where_nvlink_is_expected() -> None:
+    cut = fixture("nvbandwidth", "two-gpus.json").replace('"389.47"', '"N/A"').replace('"389.52"', '"N/A"')
+    r2 = {
+        "dcgmi-diag-r2.json": (0, fixture("dcgm", "r2-dcgm4-pass.json"), ""),
+        "nvbandwidth.json": (0, cut, ""),
+    }
+    r = certify("standard", gpus=2, **r2)
+    assert not r.certified
+    assert (
+        "not measured: GPU 0←GPU 1, GPU 1←GPU 0"
+        in part(r, "bandwidth device_to_device_memcpy_read_ce").detail
+    )
+    # The same on L40S (no NVLink): said, not failed.
+    xml = multi_gpu_xml(2)
+    for gpu in (0, 1):  # the H200's XML made an L40S's: its id, memory, PCIe Gen4 and 350 W
+        for path, value in (
+            ("pci/pci_device_id", "26B910DE"),
+            ("product_name", "NVIDIA L40S"),
+            ("fb_memory_usage/total", "46068 MiB"),
+            ("pci/pci_gpu_link_info/pcie_gen/max_device_link_gen", "4"),
+            ("pci/pci_gpu_link_info/pcie_gen/max_link_gen", "4"),
+            ("pci/pci_gpu_link_info/pcie_gen/current_link_gen", "4"),
+            ("gpu_power_readings/default_power_limit", "350.00 W"),
+            ("gpu_power_readings/current_power_limit", "350.00 W"),
+        ):
+            xml = set_gpu(xml, path, value, gpu)
+    r = certify(
+        "standard", gpus=2, **{**r2, XML: (0, xml, ""), "nvidia-smi-nvlink.txt": (0, nvlink(2, links=0), "")}
+    )
+    assert [g["model"] for g in r.gpus] == ["NVIDIA L40S", "NVIDIA L40S"]
+    assert part(r, "bandwidth device_to_device_memcpy_read_ce").status == "skip"
+    assert any("not measured (no peer access)" in w for w in r.warnings)
+    assert r.certified, r.reasons
+
+
 def test_a_level_2_failure_reaches_quick_only() -> None:
     r = certify("standard", gpus=2, **{"dcgmi-diag-r2.json": (226, fixture("dcgm", "r2-dcgm3.json"), "")})
     assert (r.certified, r.reached) == (False, "quick")
