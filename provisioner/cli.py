@@ -349,6 +349,64 @@ def remediate(
     )  # fmt: skip
 
 
+class CertifyLevel(StrEnum):
+    quick = "quick"
+    standard = "standard"
+    extended = "extended"
+
+
+class CertifyFormat(StrEnum):
+    table = "table"
+    json = "json"
+    junit = "junit"
+
+
+@app.command()
+def certify(
+    inventory: InventoryOpt = None,
+    local: LocalOpt = False,
+    snapshot: SnapshotOpt = None,
+    level: Annotated[
+        CertifyLevel,
+        typer.Option(
+            "--level",
+            help="quick: every verify check, the GPU model's expectations and DCGM level 1 (seconds); "
+            "standard: + dcgmi diag -r 2 (about 2 min) and nvbandwidth where installed; "
+            "extended: + dcgmi diag -r 3 (about 15 min).",
+        ),
+    ] = CertifyLevel.quick,
+    limit: LimitOpt = None,
+    output_format: Annotated[CertifyFormat, typer.Option("--format")] = CertifyFormat.table,
+    parallel: ParallelOpt = 50,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=1, help="Seconds allowed per host (default: what the level needs)."),
+    ] = None,
+) -> int:
+    """Is each node fit for work? Certify hosts at a level; on a cluster (-i with a control plane) label
+    certified nodes gpuprov.io/certified=LEVEL and unlabel the others (exit 1 when any is not certified)."""
+    from provisioner.health import certify_render as R
+    from provisioner.health.certify_run import run_certify
+
+    def say(text: str) -> None:
+        sys.stderr.write(safe_text(text) + "\n")
+        sys.stderr.flush()
+
+    run = run_certify(
+        inventory=inventory,
+        local=local,
+        snapshot=snapshot,
+        level=level.value,
+        limit=limit,
+        parallel=parallel,
+        timeout=timeout,
+        progress=say,
+    )
+    render = {CertifyFormat.json: R.to_json, CertifyFormat.junit: R.to_junit}.get(output_format, R.to_table)
+    sys.stdout.write(render(run))
+    return run.exit_code()
+
+
 class TopFormat(StrEnum):
     table = "table"
     json = "json"

@@ -22,13 +22,16 @@ from provisioner.probes import (
     kernel_log,
     kubernetes,
     mig,
+    nvbandwidth,
     packages,
     smi,
     system,
 )
 from provisioner.probes.base import Probe
 
-_DOMAINS = (system, host, smi, kernel_log, cuda, packages, container, kubernetes, dcgm, mig, exporter)
+_DOMAINS = (
+    system, host, smi, kernel_log, cuda, packages, container, kubernetes, dcgm, mig, exporter, nvbandwidth,
+)  # fmt: skip
 _LIVE: dict[str, Probe] = {p.name: p for domain in _DOMAINS for p in domain.PROBES}
 # The order hosts run the probes in and a snapshot's meta.json lists them: the contract's.
 PROBES: tuple[Probe, ...] = tuple(
@@ -39,6 +42,7 @@ PROBES: tuple[Probe, ...] = tuple(
         host.HOST_FACTS,
         smi.SMI_XML,
         smi.SMI_VERSION,
+        smi.SMI_NVLINK,
         kernel_log.KERNEL_LOG,
         cuda.NVCC_VERSION,
         packages.PACKAGES,
@@ -54,14 +58,20 @@ PROBES: tuple[Probe, ...] = tuple(
         mig.SMI_LIST,
         exporter.DCGM_EXPORTER,
         kubernetes.KUBE_TENANTS,
+        # What `certify` reads besides verify's: who the host is, the longer DCGM levels, nvbandwidth.
+        system.HOST_IDENTITY,
+        dcgm.DCGM_DIAG_R2,
+        dcgm.DCGM_DIAG_R3,
+        nvbandwidth.NVBANDWIDTH,
     )
 )
 assert len(PROBES) == len(_LIVE), "every domain's probe has its place in the probe order"
 LEGACY_PROBES: tuple[Probe, ...] = host.LEGACY_PROBES
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in (*PROBES, *LEGACY_PROBES)}
-# What `gpuprov snapshot` writes: every read-only probe. The DCGM diagnostic and the container smoke
-# test exercise the GPU (and the smoke test needs an image named by a policy), so a support snapshot
-# leaves them out; `verify` runs them.
-SNAPSHOT_PROBES: tuple[str, ...] = tuple(
-    p.name for p in PROBES if p.name not in (container.SMOKE, dcgm.DCGM_DIAG)
-)
+# What `gpuprov snapshot` writes: every read-only probe. The DCGM diagnostics, nvbandwidth and the
+# container smoke test exercise the GPU (and the smoke test needs an image named by a policy), so a
+# support snapshot leaves them out; `verify` and `certify` run them. The host's identity (hostname,
+# machine ID) only tells `certify` which node to label, so a snapshot does not carry it either.
+_EXERCISE = (container.SMOKE, nvbandwidth.NVBANDWIDTH, *dcgm.DIAG_PROBE.values())
+_NOT_IN_SNAPSHOTS = (*_EXERCISE, system.HOST_IDENTITY)
+SNAPSHOT_PROBES: tuple[str, ...] = tuple(p.name for p in PROBES if p.name not in _NOT_IN_SNAPSHOTS)

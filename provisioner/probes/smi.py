@@ -1,6 +1,7 @@
 """What the NVIDIA driver says through nvidia-smi: `nvidia-smi -q -x` (each GPU as the driver sees it:
 persistence, ECC mode and counters, retired and remapped memory, PCIe link, clocks event reasons, MIG
-mode) and `nvidia-smi --version` (the userspace and NVML versions)."""
+mode, memory size, power limits, temperature thresholds), `nvidia-smi --version` (the userspace and NVML
+versions) and `nvidia-smi nvlink -s` (each GPU's NVLink links and the speed each runs at)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from dataclasses import dataclass, field
 import defusedxml
 import defusedxml.ElementTree as defused_et
 
-from provisioner.hostnumbers import HostNumberError, parse_int
+from provisioner.hostnumbers import HostNumberError, parse_decimal, parse_int
 from provisioner.hosttext import first_line
-from provisioner.probes.base import SKIP, HostFacts, ParseError, Probe, ProbeResult, Unavailable
+from provisioner.probes.base import ERROR, SKIP, HostFacts, ParseError, Probe, ProbeResult, Unavailable
 from provisioner.probes.host import normalize_bus_id, require_gpu
 
 SMI_XML = "nvidia-smi-q.xml"
 SMI_VERSION = "nvidia-smi-version.txt"
+SMI_NVLINK = "nvidia-smi-nvlink.txt"
 
 # The start of every nvidia-smi probe: a host without the driver's userspace says so as "not found".
 HAVE_SMI = (
@@ -27,6 +29,7 @@ HAVE_SMI = (
 PROBES: tuple[Probe, ...] = (
     Probe(SMI_XML, f"{HAVE_SMI}\nt 60 nvidia-smi -q -x", 70, "nvidia-smi -q -x"),
     Probe(SMI_VERSION, f"{HAVE_SMI}\nt 20 nvidia-smi --version", 25, "nvidia-smi --version"),
+    Probe(SMI_NVLINK, f"{HAVE_SMI}\nt 30 nvidia-smi nvlink -s", 35, "nvidia-smi nvlink -s (link speeds)"),
 )
 
 
@@ -59,6 +62,26 @@ class SmiGpu:
     # The driver's own verdict on what this GPU needs (<gpu_recovery_action>: None, Reset, Reboot,
     # Drain P2P, Drain and Reset), as printed; None where this driver prints no such element.
     recovery_action: str | None = None
+    # What the board is: PCI device id (4 lower-case hex digits, "2335"), memory, the GPU's own PCIe
+    # generation (without the host's limit) and the host's, power limits in watts.
+    device_id: str = ""
+    memory_total_mib: int | None = None
+    link_gen_device_max: int | None = None
+    link_gen_host_max: int | None = None
+    power_limit_w: float | None = None  # the limit enforced now
+    power_default_w: float | None = None
+    power_max_w: float | None = None
+    # Temperatures in C: the reading and, on drivers that print them, absolute thresholds (shutdown,
+    # slowdown, max operating); newer drivers print the margin to the GPU's T.Limit instead and the
+    # thresholds as margins (0 or below: the GPU is at or past that point).
+    temp_c: int | None = None
+    temp_shutdown_c: int | None = None
+    temp_slowdown_c: int | None = None
+    temp_max_operating_c: int | None = None
+    tlimit_margin_c: int | None = None
+    tlimit_shutdown_c: int | None = None
+    tlimit_slowdown_c: int | None = None
+    tlimit_max_operating_c: int | None = None
 
 
 @dataclass
@@ -98,6 +121,42 @@ def _int(value: str | None, what: str = "count") -> int | None:
         return parse_int(m["digits"], what=f"nvidia-smi -q -x: {what}")
     except HostNumberError as exc:
         raise ParseError(str(exc)) from None
+
+
+_DEGREES = re.compile(r"(?P<digits>-?[0-9]+) ?C")
+_WATTS = re.compile(r"(?P<digits>[0-9]+(?:\.[0-9]+)?) ?W")
+
+
+def _celsius(value: str | None, what: str) -> int | None:
+    """A temperature as nvidia-smi prints it ("36 C", "-8 C"); None where it prints none ("N/A")."""
+    if value is None or not (value[:1].isdigit() or value[:1] == "-"):
+        return None
+    m = _DEGREES.fullmatch(value.strip())
+    if not m:
+        raise ParseError(f"nvidia-smi -q -x: {what}: not a temperature: {value[:24]!r}")
+    try:
+        return parse_int(m["digits"], lo=-300, hi=300, what=f"nvidia-smi -q -x: {what}")
+    except HostNumberError as exc:
+        raise ParseError(str(exc)) from None
+
+
+def _watts(value: str | None, what: str) -> float | None:
+    """A power as nvidia-smi prints it ("700.00 W"); None where it prints none ("N/A")."""
+    if value is None or not value[:1].isdigit():
+        return None
+    m = _WATTS.fullmatch(value.strip())
+    if not m:
+        raise ParseError(f"nvidia-smi -q -x: {what}: not a power: {value[:24]!r}")
+    try:
+        return parse_decimal(m["digits"], lo=0, hi=100_000, what=f"nvidia-smi -q -x: {what}")
+    except HostNumberError as exc:
+        raise ParseError(str(exc)) from None
+
+
+def _device_id(value: str | None) -> str:
+    """<pci_device_id>233510DE</pci_device_id>: the device id (2335) before NVIDIA's vendor id (10DE)."""
+    v = (value or "").strip().lower().removeprefix("0x")
+    return v[:4] if re.fullmatch(r"[0-9a-f]{4}10de", v) else ""
 
 
 def _yes(value: str | None) -> bool | None:
@@ -198,6 +257,36 @@ def parse_nvidia_smi_xml(text: str) -> SmiLog:
         gpu.link_gen_max = _int(_text(link, "pcie_gen/max_link_gen"), "max_link_gen")
         gpu.link_width_current = _int(_text(link, "link_widths/current_link_width"), "current_link_width")
         gpu.link_width_max = _int(_text(link, "link_widths/max_link_width"), "max_link_width")
+        gpu.link_gen_device_max = _int(_text(link, "pcie_gen/max_device_link_gen"), "max_device_link_gen")
+        gpu.link_gen_host_max = _int(_text(link, "pcie_gen/max_host_link_gen"), "max_host_link_gen")
+        gpu.device_id = _device_id(_text(g, "pci/pci_device_id"))
+        gpu.memory_total_mib = _int(_text(g, "fb_memory_usage/total"), "fb_memory_usage total")
+        # <gpu_power_readings> since driver 530 or so, <power_readings> before; enforced_power_limit is
+        # what older drivers call the limit in force.
+        power = g.find("gpu_power_readings")
+        power = power if power is not None else g.find("power_readings")
+        gpu.power_limit_w = _watts(
+            _text(power, "current_power_limit") or _text(power, "enforced_power_limit"), "power limit"
+        )
+        gpu.power_default_w = _watts(_text(power, "default_power_limit"), "default_power_limit")
+        gpu.power_max_w = _watts(_text(power, "max_power_limit"), "max_power_limit")
+        temp = g.find("temperature")
+        gpu.temp_c = _celsius(_text(temp, "gpu_temp"), "gpu_temp")
+        gpu.temp_shutdown_c = _celsius(_text(temp, "gpu_temp_max_threshold"), "gpu_temp_max_threshold")
+        gpu.temp_slowdown_c = _celsius(_text(temp, "gpu_temp_slow_threshold"), "gpu_temp_slow_threshold")
+        gpu.temp_max_operating_c = _celsius(
+            _text(temp, "gpu_temp_max_gpu_threshold"), "gpu_temp_max_gpu_threshold"
+        )
+        gpu.tlimit_margin_c = _celsius(_text(temp, "gpu_temp_tlimit"), "gpu_temp_tlimit")
+        gpu.tlimit_shutdown_c = _celsius(
+            _text(temp, "gpu_temp_max_tlimit_threshold"), "gpu_temp_max_tlimit_threshold"
+        )
+        gpu.tlimit_slowdown_c = _celsius(
+            _text(temp, "gpu_temp_slow_tlimit_threshold"), "gpu_temp_slow_tlimit_threshold"
+        )
+        gpu.tlimit_max_operating_c = _celsius(
+            _text(temp, "gpu_temp_max_gpu_tlimit_threshold"), "gpu_temp_max_gpu_tlimit_threshold"
+        )
         gpu.performance_state = _text(g, "performance_state")
         gpu.mig_mode = _text(g, "mig_mode/current_mig")
         recovery = _text(g, "gpu_recovery_action")
@@ -276,3 +365,66 @@ def smi_gpus(facts: HostFacts) -> list[SmiGpu]:
 
 def smi_version(facts: HostFacts) -> dict[str, str]:
     return facts.parsed("smiver", lambda: parse_smi_version(facts.ok_text(SMI_VERSION)))
+
+
+# ------------------------------------------------------------------------------------------- NVLink
+
+
+@dataclass
+class NvlinkGpu:
+    index: int
+    name: str
+    links: dict[int, float | None] = field(default_factory=dict)  # link → GB/s; None: <inactive>
+
+    @property
+    def active(self) -> int:
+        return sum(1 for speed in self.links.values() if speed is not None)
+
+
+# `nvidia-smi nvlink -s`, one block per GPU (as on real hosts: a V100 with inactive links in
+# Azure/azhpc-diagnostics#73, a GB200 in NVIDIA/k8s-test-infra#371):
+#   GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)
+#   \t Link 0: 26.562 GB/s
+#   \t Link 3: <inactive>
+# A GPU without NVLink prints its GPU line only.
+_NVLINK_GPU = re.compile(r"GPU (?P<index>[0-9]{1,4}): (?P<name>.*?)(?: \(UUID: [^)]*\))?")
+_NVLINK_LINK = re.compile(r"Link (?P<link>[0-9]{1,3}): (?P<value><inactive>|[0-9]{1,6}(\.[0-9]{1,6})? GB/s)")
+
+
+def parse_nvlink_status(text: str) -> dict[int, NvlinkGpu]:
+    """`nvidia-smi nvlink -s` → each GPU's links by index. A line that is neither a GPU's nor a link's
+    (a driver's note) is ignored; a link line outside any GPU, or in an unknown form, is a ParseError."""
+    gpus: dict[int, NvlinkGpu] = {}
+    current: NvlinkGpu | None = None
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if not line:
+            continue
+        m = _NVLINK_GPU.fullmatch(line)
+        if m:
+            current = NvlinkGpu(int(m["index"]), m["name"].strip()[:120])
+            gpus[current.index] = current
+            continue
+        if line.startswith("Link "):
+            link = _NVLINK_LINK.fullmatch(line)
+            if link is None or current is None:
+                raise ParseError(f"nvidia-smi nvlink -s: unexpected line {line[:60]!r}")
+            value = link["value"]
+            current.links[int(link["link"])] = None if value == "<inactive>" else float(value.split()[0])
+    if not gpus and text.strip():
+        raise ParseError(f"nvidia-smi nvlink -s: no GPU in the output: {first_line(text)!r}")
+    return gpus
+
+
+def nvlink_status(facts: HostFacts) -> dict[int, NvlinkGpu]:
+    """Each GPU's NVLink links (skip where the probe did not apply or was not collected)."""
+
+    def load() -> dict[int, NvlinkGpu]:
+        res = facts.result(SMI_NVLINK)
+        if res.rc == 127:
+            raise Unavailable(SKIP, "nvidia-smi not found: driver not installed (see driver.loaded)")
+        if not res.ok:
+            raise Unavailable(ERROR, f"nvidia-smi nvlink -s failed: {res.reason()}")
+        return parse_nvlink_status(res.stdout)
+
+    return facts.parsed("nvlink", load)

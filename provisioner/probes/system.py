@@ -1,8 +1,10 @@
-"""The operating system and its services: /etc/os-release, the running kernel, and whether the GPU
-stack's units are active (by systemd, else by their processes)."""
+"""The operating system and its services: /etc/os-release, the running kernel, whether the GPU stack's
+units are active (by systemd, else by their processes), and who the host says it is (hostname and
+/etc/machine-id: what tells its Kubernetes node apart from another's)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from provisioner.probes.base import ERROR, SKIP, HostFacts, ParseError, Probe, Unavailable
@@ -11,6 +13,7 @@ OS_RELEASE = "os-release"
 UNAME_R = "uname-r"
 SERVICES = "services.tsv"
 SERVICE_PROCESSES = "service-processes.tsv"
+HOST_IDENTITY = "host-identity.txt"
 
 SERVICE_UNITS = ("nvidia-persistenced", "nvidia-fabricmanager", "docker", "containerd", "kubelet")
 
@@ -36,6 +39,12 @@ ${p#*:}
     done
 """
 
+_HOST_IDENTITY = r"""
+    read h </proc/sys/kernel/hostname && printf 'hostname=%s\n' "$h"
+    [ -r /etc/machine-id ] && read m </etc/machine-id && printf 'machine-id=%s\n' "$m"
+    :
+"""
+
 PROBES: tuple[Probe, ...] = (
     Probe(
         OS_RELEASE,
@@ -46,6 +55,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(UNAME_R, 'read v </proc/sys/kernel/osrelease && echo "$v"', 5, "running kernel release (uname -r)"),
     Probe(SERVICES, _SERVICES, 20, "systemctl is-active for the GPU stack's units"),
     Probe(SERVICE_PROCESSES, _SERVICE_PROCESSES, 10, "the same units judged by running process"),
+    Probe(HOST_IDENTITY, _HOST_IDENTITY, 5, "hostname and /etc/machine-id"),
 )
 
 
@@ -100,3 +110,24 @@ def services(facts: HostFacts) -> tuple[dict[str, bool], str]:
         raise Unavailable(ERROR, f"{SERVICES}: {res.reason()}")
 
     return facts.parsed("services", load)
+
+
+# /etc/machine-id: 32 lower-case hex digits (systemd's machine-id(5)).
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def parse_host_identity(text: str) -> tuple[str, str | None]:
+    """(hostname lower-cased, machine id or None where the host has none that reads as one)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in ("hostname", "machine-id") and key not in values:
+            values[key] = value.strip()
+    if "hostname" not in values:
+        raise ParseError("host identity: no hostname line")
+    machine_id = values.get("machine-id", "")
+    return values["hostname"].lower()[:253], machine_id if _MACHINE_ID.fullmatch(machine_id) else None
+
+
+def host_identity(facts: HostFacts) -> tuple[str, str | None]:
+    return facts.parsed("identity", lambda: parse_host_identity(facts.ok_text(HOST_IDENTITY)))

@@ -194,6 +194,17 @@ class KubectlOverSsh:
             if res.rc != 0 and not (all(v is None for v in labels.values()) and "not found" in res.stderr):
                 self._ok(f"label node {name}", res)
 
+    def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (or, for None, remove) node annotations in one kubectl call."""
+        if annotations:
+            changes = [f"{k}-" if v is None else f"{k}={v}" for k, v in sorted(annotations.items())]
+            res = self.kubectl("annotate", "--overwrite", "--", "node", name, *changes)
+            # Removing an annotation that is not there is not an error worth failing a host for.
+            if res.rc != 0 and not (
+                all(v is None for v in annotations.values()) and "not found" in res.stderr
+            ):
+                self._ok(f"annotate node {name}", res)
+
     def wait_operands_gone(self, name: str, timeout: float) -> None:
         selector = f"app in ({','.join(OPERAND_APPS)})"
         deadline = time.monotonic() + timeout

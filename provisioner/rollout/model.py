@@ -102,6 +102,8 @@ class Kube(Protocol):
 
     def annotate(self, name: str, text: str | None) -> None: ...  # None removes the annotation
 
+    def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None: ...  # None removes
+
     def taint(self, name: str, key: str, value: str | None, effect: str = "NoSchedule") -> None: ...
 
     def event(self, name: str, reason: str, message: str, warning: bool = False) -> None: ...

@@ -190,6 +190,22 @@ def test_labels_and_annotations() -> None:
     )
 
 
+def test_set_annotations_sets_and_removes_several_in_one_call() -> None:
+    k, fake = kube(
+        {"gpuprov.io/certified-at-": [err('error: annotation "gpuprov.io/certified-at" not found')]}
+    )
+    k.set_annotations("gpu1", {"gpuprov.io/certified-at": '{"at": "2026-12-05T10:23:49Z"}', "b": "x y"})
+    k.set_annotations("gpu1", {"gpuprov.io/certified-at": None})  # removing an absent one is fine
+    assert fake.commands[0].endswith(
+        "annotate --overwrite -- node gpu1 'b=x y' "
+        '\'gpuprov.io/certified-at={"at": "2026-12-05T10:23:49Z"}\''
+    )
+    assert fake.commands[1].endswith("annotate --overwrite -- node gpu1 gpuprov.io/certified-at-")
+    k, _ = kube({"annotate": [err("Error from server (Forbidden): nodes is forbidden")]})
+    with pytest.raises(StepFailed, match="kubectl annotate node gpu1: Error from server"):
+        k.set_annotations("gpu1", {"gpuprov.io/certified-at": "x"})
+
+
 def pod(ns: str, name: str, limits: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
     return {
         "metadata": {"namespace": ns, "name": name, **extra.get("meta", {})},
