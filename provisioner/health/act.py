@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.health.certify_run import LABEL as CERTIFIED_LABEL
 from provisioner.health.decide import NONE, REBOOT, RESET_GPU, SERVICE, HostPlan
 from provisioner.health.fleet import DEFAULT_REBOOT_TIMEOUT, SERVICE_TAINT, HealFleet, HealProbe
 from provisioner.hosttext import short_safe_text
@@ -45,15 +46,14 @@ REMEDIATE = ChangeKind(
     # A host may need a reboot from the start, or nothing any more (taken over from an interrupted run).
     entries=frozenset({REBOOTING, VERIFYING}),
 )
-CERTIFY_LEVELS = ("quick", "standard", "extended")
 NODE_READY_WAIT = 300.0
 
 # `--budget N/PERIOD`: PERIOD a number with a unit (s, m, h, d).
 _BUDGET = re.compile(r"(?P<n>[0-9]{1,6})/(?P<p>[0-9]{1,6})(?P<u>[smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
-Certifier = Callable[[str, str], tuple[bool, list[str]]]
-"""(host, level) → (certified, reasons)."""
+Certifier = Callable[[str, str, str], tuple[bool, list[str]]]
+"""(host, level, node) → (certified, reasons); it records the result on the node (label, annotation)."""
 
 
 @dataclass(frozen=True)
@@ -273,12 +273,13 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         level = self.opt.certify_level
         self.progress(host, f"certifying ({level})")
         try:
-            ok, reasons = self.certifier(host, level)
+            ok, reasons = self.certifier(host, level, s.node)
         except StepFailed as exc:
             ok, reasons = False, [exc.reason]
         if not ok:
             self.state.update(host, after=SERVICE)
-            self._leave_cordoned(host, FAILED, f"needs service: certify {level} failed: {'; '.join(reasons)}")
+            why = "; ".join(short_safe_text(r, 300) for r in reasons[:8])
+            self._leave_cordoned(host, FAILED, f"needs service: certify {level} failed: {why}")
             return False
         self._step(host, UNCORDONING)
         problems = self._put_back(host, s.node)
@@ -297,6 +298,10 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         kube = self.fleet.kube
         if s.node and kube is not None:
             problems = self._put_back(host, s.node, uncordon=False)
+            try:  # not fit for work: no longer certified either
+                kube.set_labels(s.node, {CERTIFIED_LABEL: None})
+            except StepFailed as exc:
+                problems.append(f"{CERTIFIED_LABEL} label not removed: {exc.reason}")
             try:
                 kube.taint(s.node, SERVICE_TAINT, "true", "NoSchedule")
             except StepFailed as exc:

@@ -24,12 +24,19 @@ from typing import Any
 
 from provisioner import records
 from provisioner.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
-from provisioner.health.act import CERTIFY_LEVELS, REMEDIATE, HealOptions, HealRollout, parse_budget
+from provisioner.health.act import (
+    REMEDIATE,
+    Certifier,
+    HealOptions,
+    HealRollout,
+    parse_budget,
+)
+from provisioner.health.certify import LEVELS as CERTIFY_LEVELS
 from provisioner.health.decide import NONE, REBOOT, UNKNOWN, HostPlan
 from provisioner.health.fleet import SERVICE_TAINT, HealFleet, HealProbe
 from provisioner.hosttext import short_safe_text
 from provisioner.rollout.engine import begin_new_run, execute
-from provisioner.rollout.model import ProgressFn, StepFailed
+from provisioner.rollout.model import Kube, ProgressFn, StepFailed
 from provisioner.rollout.plan import CHANGE, SKIP, BatchSize, Plan, Target
 from provisioner.rollout.plan import HostPlan as WavePlan
 from provisioner.rollout.state import (
@@ -41,6 +48,9 @@ from provisioner.rollout.state import (
     inventory_lock,
     run_records,
 )
+
+CertifierFactory = Callable[[list[Any], Path, Kube | None], Certifier]
+"""(the GPU hosts, the inventory, the cluster) → the certifier a run uses."""
 
 
 @dataclass
@@ -165,7 +175,7 @@ def run_cycle(
     options: HealOptions,
     allow_reboot: bool,
     fleet_factory: Callable[..., HealFleet],
-    certifier_factory: Callable[[list[Any], Path], Callable[[str, str], tuple[bool, list[str]]]],
+    certifier_factory: CertifierFactory,
     progress: ProgressFn,
 ) -> CycleResult:
     """One pass: read, plan, act. InputError before any host is touched for a bad inventory."""
@@ -187,7 +197,14 @@ def run_cycle(
         fleet = fleet_factory(hosts=hosts, control_plane=control)
         try:
             return _cycle(
-                fleet, inv_key, hosts, names, limit, options, certifier_factory(hosts, inventory), progress
+                fleet,
+                inv_key,
+                hosts,
+                names,
+                limit,
+                options,
+                certifier_factory(hosts, inventory, fleet.kube),
+                progress,
             )
         finally:
             fleet.close()
@@ -200,7 +217,7 @@ def _cycle(
     names: list[str],
     limit: str | None,
     options: HealOptions,
-    certifier: Callable[[str, str], tuple[bool, list[str]]],
+    certifier: Certifier,
     progress: ProgressFn,
 ) -> CycleResult:
     progress(None, f"remediate: reading {len(names)} GPU host(s)")
@@ -318,16 +335,23 @@ def to_table(result: CycleResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verify_certifier(hosts: list[Any], inventory: Path) -> Callable[[str, str], tuple[bool, list[str]]]:
-    """Certification by verify's checks on the host (every check must pass or be skipped)."""
-    from provisioner.verification import ssh_targets, verify_targets
+def node_certifier(hosts: list[Any], inventory: Path, kube: Kube | None) -> Certifier:
+    """Certification by `gpuprov certify` at the asked level (provisioner.health.certify_run), whose
+    result also sets or removes the node's `gpuprov.io/certified` label and annotation."""
+    from provisioner.health.certify_run import certify_target, mark_certified
+    from provisioner.verification import ssh_targets
 
     targets = {t.name: t for t in ssh_targets(hosts, inventory=inventory)}
 
-    def certify(host: str, level: str) -> tuple[bool, list[str]]:
-        report = verify_targets([targets[host]], None)
-        bad = [f for r in report.hosts for f in r.findings if f.status in ("fail", "error")]
-        return not bad, [f"{f.id}: {f.status}: {f.message}" for f in bad[:10]]
+    def certify(host: str, level: str, node: str) -> tuple[bool, list[str]]:
+        result = certify_target(targets[host], level)
+        reasons = list(result.reasons)
+        if kube is not None:
+            try:
+                reasons.append(mark_certified(kube, node, result))
+            except StepFailed as exc:
+                return False, [*reasons, f"certification not recorded on node {node}: {exc.reason}"]
+        return result.certified, reasons
 
     return certify
 
@@ -343,9 +367,7 @@ def run_remediate_act(
     progress: ProgressFn | None = None,
     show: Callable[[CycleResult], None] | None = None,
     fleet_factory: Callable[..., HealFleet] = HealFleet,
-    certifier_factory: Callable[
-        [list[Any], Path], Callable[[str, str], tuple[bool, list[str]]]
-    ] = verify_certifier,
+    certifier_factory: CertifierFactory = node_certifier,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """One cycle, or with `watch` one every `interval` seconds until Ctrl-C; the last cycle's exit code

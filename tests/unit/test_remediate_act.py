@@ -84,6 +84,13 @@ class Kube:
     def wait_operands_gone(self, name: str, timeout: float) -> None:
         self.fleet.log("operands-gone", name)
 
+    def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        for k, v in annotations.items():
+            if v is None:
+                self.h(name).annotations.pop(k, None)
+            else:
+                self.h(name).annotations[k] = v
+
     def annotate(self, name: str, text: str | None) -> None:
         if text is None:
             self.h(name).annotations.pop(SERVICE_TAINT, None)
@@ -188,8 +195,8 @@ class Certifier:
         self.fail = set(fail)
         self.asked: list[tuple[str, str]] = []
 
-    def factory(self, hosts: list[Any], inventory: Path) -> Any:
-        def certify(host: str, level: str) -> tuple[bool, list[str]]:
+    def factory(self, hosts: list[Any], inventory: Path, kube: Any) -> Any:
+        def certify(host: str, level: str, node: str) -> tuple[bool, list[str]]:
             self.asked.append((host, level))
             return (host not in self.fail, [f"{host}: dcgm.diag: fail"] if host in self.fail else [])
 
@@ -259,10 +266,12 @@ def test_an_application_xid_touches_nothing_and_writes_no_record(inv: Path) -> N
 
 def test_remap_failure_is_left_for_service_and_never_retried(inv: Path) -> None:
     fleet = Fleet([Host("gpu1", "remap-failure"), Host("gpu2"), Host("gpu3")])
+    fleet.hosts["gpu1"].labels["gpuprov.io/certified"] = "quick"  # from an earlier certification
     cert = Certifier()
     result = run(inv, fleet, cert=cert)
     assert outcomes(result)["gpu1"] == "needs-service" and result.exit_code == 1
     h = fleet.hosts["gpu1"]
+    assert "gpuprov.io/certified" not in h.labels  # not fit for work: no longer certified
     assert h.unschedulable and h.taints == {SERVICE_TAINT: "true:NoSchedule"}
     assert "needs service" in h.annotations[SERVICE_TAINT]
     assert "uncordon" not in touched(fleet, "gpu1") and "reset" not in touched(fleet, "gpu1")
@@ -534,3 +543,24 @@ def test_a_compute_process_on_the_gpu_means_no_reset() -> None:
     done = real_fleet(fake).reset_gpus("gpu1", {0: "00000000:19:00.0"})
     assert not done.ok and "pid 4242 (python3)" in done.reason
     assert not any("-r -i" in c or "systemctl stop" in c for c in fake.commands)
+
+
+def test_the_node_certifier_runs_certify_and_records_its_result_on_the_node(
+    inv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.health import certify_run
+    from provisioner.health.certify import CertResult
+    from provisioner.inventory import load_inventory
+
+    results = {"gpu1": CertResult("gpu1", "quick", "quick"), "gpu2": CertResult("gpu2", "quick", None)}
+    results["gpu2"].missing.append("dcgmi is not installed: DCGM's level-1 diagnostic did not run")
+    monkeypatch.setattr(certify_run, "certify_target", lambda target, level: results[target.name])
+    fleet = Fleet([Host("gpu1"), Host("gpu2"), Host("gpu3")])
+    hosts = load_inventory(inv).select("gpu_nodes")
+    certify = repair.node_certifier(hosts, inv, fleet.kube)  # type: ignore[arg-type]
+    ok, reasons = certify("gpu1", "quick", "gpu1")
+    assert ok and fleet.hosts["gpu1"].labels["gpuprov.io/certified"] == "quick"
+    fleet.hosts["gpu2"].labels["gpuprov.io/certified"] = "quick"
+    ok, reasons = certify("gpu2", "quick", "gpu2")
+    assert not ok and "dcgmi is not installed" in reasons[0]
+    assert "gpuprov.io/certified" not in fleet.hosts["gpu2"].labels
