@@ -644,6 +644,45 @@ def _one_source(
     return given[0]
 
 
+def read_targets(
+    inventory: Path | None,
+    local: bool,
+    snapshot: Path | None,
+    limit: str | None,
+    parallel: int,
+    hosts_of: Callable[[Path, str | None], Sequence[Any]] | None = None,
+) -> list[Target]:
+    """The hosts a reading verb (remediate's plan, certify) reads: an inventory's over SSH (`hosts_of`
+    picks them; default: every host --limit selects), this machine, or a snapshot's. Every input checked
+    first (InputError: exit 2, nothing contacted)."""
+    source = _one_source(inventory, local, snapshot)
+    if parallel < 1:
+        raise InputError(f"--parallel: must be at least 1, got {parallel}")
+    if source == "--local":
+        if limit:
+            raise InputError("--limit applies to -i/--inventory or --snapshot, not --local")
+        return [local_target()]
+    if source == "--snapshot":
+        assert snapshot is not None
+        return snapshot_targets_in(snapshot, limit)
+    assert inventory is not None
+    return ssh_targets((hosts_of or load_hosts)(inventory, limit), inventory=inventory)
+
+
+def collect_from(target: Target, names: Sequence[str], timeout: float) -> dict[str, ProbeResult]:
+    """Open the target, run the probes on it in one script and close it again (an interrupt closes it
+    too). ExecutorError when the host cannot be read."""
+    executor: Executor | None = None
+    try:
+        executor = target.open()
+        _LIVE.add(executor)
+        return collect(executor, names, timeout, None, target.become)
+    finally:
+        if executor is not None:
+            _LIVE.discard(executor)
+            executor.close()
+
+
 def run_verification(
     *,
     inventory: Path | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 
 from provisioner.checks import probes_for
 from provisioner.errors import InputError
-from provisioner.executors import Executor, ExecutorError, OpenConnections
+from provisioner.executors import ExecutorError, OpenConnections
 from provisioner.health.certify import (
     DCGM_LEVEL,
     LEVELS,
@@ -37,17 +37,13 @@ from provisioner.probes.smi import SMI_NVLINK
 from provisioner.probes.system import HOST_IDENTITY, host_identity
 from provisioner.rollout.model import HostProbe, Kube, StepFailed, not_this_host
 from provisioner.verification import (
-    _LIVE,
     DEFAULT_PARALLEL,
     DEFAULT_TIMEOUT,
     Target,
-    _one_source,
     _run_parallel,
-    collect,
+    collect_from,
     load_hosts,
-    local_target,
-    snapshot_targets_in,
-    ssh_targets,
+    read_targets,
 )
 
 LABEL = "gpuprov.io/certified"
@@ -125,21 +121,14 @@ def certify_target(target: Target, level: str, timeout: float | None = None) -> 
     check_level(level)
     started = now_iso()
     t0 = time.monotonic()
-    executor: Executor | None = None
     try:
-        executor = target.open()
-        _LIVE.add(executor)
-        results = collect(executor, probe_names(level), timeout or timeout_for(level), None, target.become)
+        results = collect_from(target, probe_names(level), timeout or timeout_for(level))
     except ExecutorError as exc:
         result = CertResult(target.name, level, None, error=exc.reason, started_at=started)
         result.duration_s = time.monotonic() - t0
         # Its node can still be found by its inventory name, and proven by the address it was tried at.
         result.identity = HostProbe(target.name, node=_node_name(target.name), address=_address(target))
         return result
-    finally:
-        if executor is not None:
-            _LIVE.discard(executor)
-            executor.close()
     facts = HostFacts(target.name, results)
     result = decide(facts, level)
     result.started_at = started
@@ -298,24 +287,17 @@ def run_certify(
     """Validate every input first (InputError, before any host is contacted), then certify and, with an
     inventory that has a control plane, mark the nodes."""
     check_level(level)
-    source = _one_source(inventory, local, snapshot)
-    if parallel < 1:
-        raise InputError(f"--parallel: must be at least 1, got {parallel}")
     if timeout is not None and timeout <= 0:
         raise InputError(f"--timeout: must be positive, got {timeout:g}")
     control: Any | None = None
     left_out: list[str] = []
-    if source == "--local":
-        if limit:
-            raise InputError("--limit applies to -i/--inventory or --snapshot, not --local")
-        targets = [local_target()]
-    elif source == "--snapshot":
-        assert snapshot is not None
-        targets = snapshot_targets_in(snapshot, limit)
-    else:
-        assert inventory is not None
-        hosts, control, left_out = _inventory_hosts(inventory, limit)
-        targets = ssh_targets(hosts, inventory=inventory)
+
+    def gpu_hosts(path: Path, pattern: str | None) -> list[Any]:
+        nonlocal control, left_out
+        hosts, control, left_out = _inventory_hosts(path, pattern)
+        return hosts
+
+    targets = read_targets(inventory, local, snapshot, limit, parallel, gpu_hosts)
     limit_s = timeout or timeout_for(level)
     say = progress or (lambda _text: None)
     say(plan_text(level, len(targets), limit_s))
@@ -331,9 +313,9 @@ def run_certify(
     if left_out:
         shown = ", ".join(short_safe_text(h, 60) for h in left_out)
         run.notes.append(f"not in group gpu_nodes, so not certified: {shown}")
-    if source == "--snapshot":
+    if snapshot is not None:
         run.notes.append("a snapshot is replayed: no node is labelled")
-    elif source == "--local":
+    elif local:
         run.notes.append("--local: no node is labelled (use -i with the inventory's control plane)")
     elif control is None:
         run.notes.append("the inventory has no kube_control_plane host: no node is labelled")

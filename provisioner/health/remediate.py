@@ -7,22 +7,16 @@ import json
 from pathlib import Path
 
 from provisioner.checks import HostFacts, probes_for
-from provisioner.errors import InputError
-from provisioner.executors import Executor, ExecutorError
+from provisioner.executors import ExecutorError
 from provisioner.health.decide import NONE, UNKNOWN, HostPlan, plan_host
 from provisioner.hosttext import short_safe_text
 from provisioner.verification import (
-    _LIVE,
     DEFAULT_PARALLEL,
     DEFAULT_TIMEOUT,
     Target,
-    _one_source,
     _run_parallel,
-    collect,
-    load_hosts,
-    local_target,
-    snapshot_targets_in,
-    ssh_targets,
+    collect_from,
+    read_targets,
 )
 
 # The probes `gpu.xid` reads: kernel log, PCI list (host facts), nvidia-smi -q -x.
@@ -30,17 +24,10 @@ EVIDENCE_CHECKS = ("gpu.xid",)
 
 
 def _plan_target(target: Target, names: list[str], timeout: float) -> HostPlan:
-    executor: Executor | None = None
     try:
-        executor = target.open()
-        _LIVE.add(executor)
-        results = collect(executor, names, timeout, None, target.become)
+        results = collect_from(target, names, timeout)
     except ExecutorError as exc:
         return HostPlan(target.name, UNKNOWN, None, [f"host not read: {exc.reason}"], [], error=exc.reason)
-    finally:
-        if executor is not None:
-            _LIVE.discard(executor)
-            executor.close()
     return plan_host(HostFacts(target.name, results))
 
 
@@ -54,19 +41,7 @@ def run_remediate(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> list[HostPlan]:
     """Validate every input first (InputError, before any host is contacted), then read and decide."""
-    source = _one_source(inventory, local, snapshot)
-    if parallel < 1:
-        raise InputError(f"--parallel: must be at least 1, got {parallel}")
-    if source == "--local":
-        if limit:
-            raise InputError("--limit applies to -i/--inventory or --snapshot, not --local")
-        targets = [local_target()]
-    elif source == "--snapshot":
-        assert snapshot is not None
-        targets = snapshot_targets_in(snapshot, limit)
-    else:
-        assert inventory is not None
-        targets = ssh_targets(load_hosts(inventory, limit), inventory=inventory)
+    targets = read_targets(inventory, local, snapshot, limit, parallel)
     names = probes_for(EVIDENCE_CHECKS)
     return _run_parallel(targets, lambda t: _plan_target(t, names, timeout), parallel)
 

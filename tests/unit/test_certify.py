@@ -434,7 +434,7 @@ def test_bad_input_is_exit_2_before_any_host_is_touched(
 
 
 def test_the_library_refuses_an_unknown_level_before_any_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(certify_run, "local_target", lambda: pytest.fail("a host was touched"))
+    monkeypatch.setattr(certify_run, "read_targets", lambda *a: pytest.fail("a host was touched"))
     with pytest.raises(InputError, match="unknown level 'thorough'"):
         run_certify(local=True, level="thorough")
 
