@@ -74,6 +74,11 @@ class ResetOutcome:
     services: list[str] = field(default_factory=list)  # holder services stopped and started again
 
 
+def _first_lines(text: str, n: int = 2) -> str:
+    """nvidia-smi's first lines, joined: what it says of each GPU comes before its advice."""
+    return " ".join([line.strip() for line in text.splitlines() if line.strip()][:n])
+
+
 def parse_uptime(text: str) -> float | None:
     """/proc/uptime's first field; None when it is not one."""
     first = text.split()[0] if text.split() else ""
@@ -177,7 +182,9 @@ class HealFleet(SshFleet):
                     failed = False
                     for index in sorted(gpus):
                         res = ex.run([*sudo, "nvidia-smi", "-r", "-i", str(index)], 300)
-                        said.append(f"GPU {index}: {last_line(res.stdout + res.stderr) or f'exit {res.rc}'}")
+                        said.append(
+                            f"GPU {index}: {_first_lines(res.stdout + res.stderr) or f'exit {res.rc}'}"
+                        )
                         if res.rc != 0:
                             failed = True
                             break

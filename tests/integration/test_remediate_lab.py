@@ -74,6 +74,20 @@ class Heal:
         self.kubectl(f"uncordon {host}", check=False)
 
 
+def node_events(heal: Heal, node: str) -> list[tuple[str, str]]:
+    """(reason, message) of the Events gpuprov wrote on the node."""
+    doc = json.loads(
+        heal.kubectl(
+            f"get events -A --field-selector involvedObject.kind=Node,involvedObject.name={node} -o json"
+        )
+    )
+    return [
+        (e["reason"], e.get("message", ""))
+        for e in doc["items"]
+        if e.get("source", {}).get("component") == "gpuprov"
+    ]
+
+
 def rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {h["host"]: h for h in doc["hosts"]}
 
@@ -155,14 +169,20 @@ def wait_gpu_pod(heal: Heal, node: str, timeout: float = 240) -> str:
 
 
 def test_faults_on_three_nodes_are_repaired_one_at_a_time(heal: Heal) -> None:
-    """Xid 79 on gpu1 (a reboot), Xid 48 on gpu2 and gpu3 (a GPU reset; gpu2's fabric manager holds its
-    GPUs, so its reset is refused and escalates to a reboot) with --max-concurrent 1: one node out of work
-    at a time, each certified and uncordoned, the GPU workload back on gpu1."""
+    """Xid 79 on gpu1 (a reboot), Xid 48 on gpu2 and gpu3 (a GPU reset) with --max-concurrent 1: one node
+    out of work at a time, each certified and uncordoned, the GPU workload back on gpu1. On gpu2 a DCGM
+    host engine started by hand, outside its service, holds the GPUs: the reset is refused and escalates
+    to a reboot (which ends that process)."""
     manifest = GPU_DEPLOYMENT.replace("IMAGE", heal.lab.tools_image)
     res = heal.lab.ssh("cp1", f"cat <<'EOF' | {KUBECTL} apply -f -\n{manifest}\nEOF")
     assert res.returncode == 0, res.stderr
     first_pod = wait_gpu_pod(heal, "gpu1")
     boots = {h: heal.boot_id(h) for h in GPU_HOSTS}
+    stray = heal.lab.ssh(
+        "gpu2", "systemctl stop nvidia-dcgm.service && systemd-run --unit gpuprov-test-hostengine "
+        "nv-hostengine -n && sleep 2 && systemctl is-active gpuprov-test-hostengine",
+    )  # fmt: skip
+    assert stray.returncode == 0, stray.stdout + stray.stderr
     heal.fault("gpu1", "xid", "--gpu", "0", "--xid", "79")
     heal.fault("gpu2", "xid", "--gpu", "0", "--xid", "48")
     heal.fault("gpu3", "xid", "--gpu", "0", "--xid", "48")
@@ -185,19 +205,19 @@ def test_faults_on_three_nodes_are_repaired_one_at_a_time(heal: Heal) -> None:
     assert "rebooting" in names["gpu1"] and "resetting" not in names["gpu1"]
     assert "resetting" in names["gpu3"] and "rebooting" not in names["gpu3"], got["gpu3"]
     assert "resetting" in names["gpu2"] and "rebooting" in names["gpu2"], got["gpu2"]
+    state = json.loads((Path(doc["record"]) / "state.json").read_text())["hosts"]
+    assert state["gpu2"]["to"] == "reboot"
+    said = node_events(heal, "gpu2")
+    assert any(r == "GpuprovGpuReset" and "In use by another client" in m for r, m in said), said
     assert heal.boot_id("gpu1") != boots["gpu1"] and heal.boot_id("gpu3") == boots["gpu3"]
     for h in GPU_HOSTS:
         node = heal.node(h)
         assert not node["spec"].get("unschedulable"), h
         assert TAINT not in {t["key"] for t in node["spec"].get("taints") or []}, h
     assert wait_gpu_pod(heal, "gpu1") != first_pod  # evicted by the drain, back on the repaired node
-    events = heal.kubectl(
-        "get events -A --field-selector involvedObject.kind=Node,involvedObject.name=gpu3 -o json"
-    )
-    reasons = [
-        e["reason"] for e in json.loads(events)["items"] if e.get("source", {}).get("component") == "gpuprov"
-    ]
-    assert {"GpuprovRemediate", "GpuprovGpuReset", "GpuprovRepaired"} <= set(reasons), reasons
+    reasons = {r for r, _ in node_events(heal, "gpu3")}
+    assert {"GpuprovRemediate", "GpuprovGpuReset", "GpuprovRepaired"} <= reasons, reasons
+
     rc, plan, err = heal.remediate("--dry-run")
     assert rc == 0, plan  # nothing left to do
 

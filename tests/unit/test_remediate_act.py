@@ -534,7 +534,7 @@ def test_a_refused_reset_still_starts_the_services_and_says_why() -> None:
         ),
     })  # fmt: skip
     done = real_fleet(fake).reset_gpus("gpu1", {0: "00000000:19:00.0"})
-    assert not done.ok and "In use by another client" in done.reason
+    assert not done.ok and "GPU 00000000:19:00.0: In use by another client" in done.reason
     assert fake.commands[-1] == "systemctl start -- nvidia-persistenced.service"
 
 
