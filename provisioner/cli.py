@@ -296,7 +296,7 @@ def remediate(
     certify_level: Annotated[
         str,
         typer.Option(
-            "--certify-level", help="Certification before a node goes back: quick|standard|extended."
+            "--certify-level", help="Certification before a node goes back: basic|quick|standard|extended."
         ),
     ] = "quick",
     limit: LimitOpt = None,
@@ -350,6 +350,7 @@ def remediate(
 
 
 class CertifyLevel(StrEnum):
+    basic = "basic"
     quick = "quick"
     standard = "standard"
     extended = "extended"
@@ -370,7 +371,8 @@ def certify(
         CertifyLevel,
         typer.Option(
             "--level",
-            help="quick: every verify check, the GPU model's expectations and DCGM level 1 (seconds); "
+            help="basic: every verify check and the GPU model's expectations, no DCGM (hosts without it); "
+            "quick: + DCGM level 1 (seconds); "
             "standard: + dcgmi diag -r 2 (about 2 min) and nvbandwidth where installed; "
             "extended: + dcgmi diag -r 3 (about 15 min).",
         ),

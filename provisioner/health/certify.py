@@ -28,9 +28,11 @@ from provisioner.probes.dcgm import NOT_RUN, DiagResult
 if TYPE_CHECKING:
     from provisioner.rollout.model import HostProbe
 
-QUICK, STANDARD, EXTENDED = "quick", "standard", "extended"
-LEVELS: tuple[str, ...] = (QUICK, STANDARD, EXTENDED)
-DCGM_LEVEL: dict[str, int] = {QUICK: 1, STANDARD: 2, EXTENDED: 3}
+# basic: verify's checks and the GPU models' expectations, no DCGM diagnostic: for hosts DCGM cannot be
+# installed on (NVIDIA publishes none for Debian 13); asked for by name, and the label says so.
+BASIC, QUICK, STANDARD, EXTENDED = "basic", "quick", "standard", "extended"
+LEVELS: tuple[str, ...] = (BASIC, QUICK, STANDARD, EXTENDED)
+DCGM_LEVEL: dict[str, int] = {BASIC: 0, QUICK: 1, STANDARD: 2, EXTENDED: 3}
 
 # verify's checks, but for the DCGM diagnostic: certify runs it at the level asked for.
 VERIFY_CHECKS: tuple[str, ...] = tuple(c for c in CHECK_IDS if c != "dcgm.diag")
@@ -38,7 +40,8 @@ BLOCKING = (FAIL, WARN, ERROR)
 
 
 def level_of(dcgm_level: int) -> str:
-    return LEVELS[min(max(dcgm_level, 1), len(LEVELS)) - 1]
+    """The certification level a DCGM diagnostic level belongs to (1: quick, 2: standard, 3: extended)."""
+    return LEVELS[min(max(dcgm_level, 1), len(LEVELS) - 1)]
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ def _verify_parts(facts: HostFacts) -> list[Part]:
     exp.gpu_present = True
     exp.sources["gpu.present"] = "certify: a GPU node"
     return [
-        Part(f"verify {f.id}", f.status, f.detail, QUICK, f.gpu)
+        Part(f"verify {f.id}", f.status, f.detail, BASIC, f.gpu)
         for f in evaluate(facts, exp, list(VERIFY_CHECKS))
     ]
 
@@ -148,7 +151,7 @@ def _sku_parts(facts: HostFacts, table: skus.SkuTable) -> tuple[list[Part], list
         gpus = smi.smi_gpus(facts)
     except Unavailable as exc:
         # Not knowing what the GPUs are is never a pass: the model's expectations were not checked.
-        return [Part("sku", ERROR, f"the GPUs' models not judged: {exc.reason}", QUICK)], [], []
+        return [Part("sku", ERROR, f"the GPUs' models not judged: {exc.reason}", BASIC)], [], []
     try:
         links: dict[int, smi.NvlinkGpu] | str = smi.nvlink_status(facts)
     except Unavailable as exc:
@@ -159,7 +162,7 @@ def _sku_parts(facts: HostFacts, table: skus.SkuTable) -> tuple[list[Part], list
     for gpu in gpus:
         judged = skus.judge_gpu(gpu, links, table)
         shown.append({"index": gpu.index, "name": gpu.name, "model": judged.sku.name if judged.sku else None})
-        parts += [Part(f"sku {j.check}", j.status, j.detail, QUICK, gpu.index) for j in judged.judgements]
+        parts += [Part(f"sku {j.check}", j.status, j.detail, BASIC, gpu.index) for j in judged.judgements]
         warnings += [f"GPU {gpu.index}: {w}" for w in judged.warnings]
     return parts, warnings, shown
 
@@ -170,6 +173,8 @@ def _dcgm_status(r: DiagResult) -> str:
 
 def _dcgm_parts(facts: HostFacts, level: str) -> tuple[list[Part], list[DiagResult], list[str]]:
     n = DCGM_LEVEL[level]
+    if n == 0:
+        return [], [], []  # basic: no DCGM diagnostic asked for
     try:
         found = dcgm.diag_results(facts, dcgm.DIAG_PROBE[n])
     except Unavailable as exc:
@@ -283,6 +288,11 @@ def _reached(
         upto = LEVELS.index(t)
         blocked = any(p.status in BLOCKING and LEVELS.index(p.level) <= upto for p in parts)
         n = DCGM_LEVEL[t]
+        if n == 0:  # basic: no DCGM tests belong to it
+            if blocked:
+                return reached, []
+            reached = t
+            continue
         tier = [r for r in found if level_of(r.level(ran)) == t]
         passed = [r for r in tier if r.status == dcgm.PASS]
         if not passed:

@@ -60,7 +60,9 @@ def check_level(level: str) -> str:
 def probe_names(level: str) -> list[str]:
     """What a host runs to be certified at `level`, in the probe set's order."""
     n = DCGM_LEVEL[check_level(level)]
-    wanted = {*probes_for(VERIFY_CHECKS), SMI_NVLINK, HOST_IDENTITY, dcgm.DIAG_PROBE[n]}
+    wanted = {*probes_for(VERIFY_CHECKS), SMI_NVLINK, HOST_IDENTITY}
+    if n:
+        wanted.add(dcgm.DIAG_PROBE[n])
     if LEVELS.index(level) >= LEVELS.index(STANDARD):
         wanted.add(nvbandwidth.NVBANDWIDTH)
     return [p.name for p in PROBES if p.name in wanted]
@@ -69,15 +71,20 @@ def probe_names(level: str) -> list[str]:
 def timeout_for(level: str) -> float:
     """The probe script's limit per host: verify's, plus what the DCGM level and nvbandwidth may take."""
     extra = nvbandwidth.LIMIT_SECONDS if LEVELS.index(level) >= LEVELS.index(STANDARD) else 0
-    return DEFAULT_TIMEOUT + dcgm.LIMIT_SECONDS[DCGM_LEVEL[level]] + extra
+    n = DCGM_LEVEL[level]
+    return DEFAULT_TIMEOUT + (dcgm.LIMIT_SECONDS[n] if n else 0) + extra
 
 
 def plan_text(level: str, hosts: int, timeout: float) -> str:
     """What will run and how long it should take, said before anything starts."""
     n = DCGM_LEVEL[level]
-    expected = dcgm.EXPECTED_SECONDS[n]
-    took = f"about {expected // 60} min" if expected >= 60 else "seconds"
-    what = f"every verify check, the GPU models' expectations, dcgmi diag -r {n} (DCGM gives {took})"
+    what = "every verify check and the GPU models' expectations"
+    if n:
+        expected = dcgm.EXPECTED_SECONDS[n]
+        took = f"about {expected // 60} min" if expected >= 60 else "seconds"
+        what += f", dcgmi diag -r {n} (DCGM gives {took})"
+    else:
+        what += ", no DCGM diagnostic"
     if LEVELS.index(level) >= LEVELS.index(STANDARD):
         what += " and nvbandwidth where it is installed"
     return (

@@ -86,11 +86,21 @@ def test_the_real_h200_with_dcgm_level_1_passing_is_certified_quick() -> None:
 
 def test_without_dcgmi_nothing_is_certified_and_the_result_says_dcgm_did_not_run() -> None:
     r = certify(**{"dcgmi-diag.json": (200, "", "dcgmi not installed")})
-    assert (r.certified, r.reached) == (False, None)
+    assert (r.certified, r.reached) == (False, "basic")  # quick and above need DCGM
     assert part(r, "dcgm").status == "skip"  # reported as not run, never as a pass
     assert r.reasons == [
         "quick: DCGM's level-1 tests did not run: dcgmi diag -r 1 not run: dcgmi not installed"
     ]
+
+
+def test_basic_certifies_without_dcgm_and_names_its_level() -> None:
+    """For hosts DCGM cannot be installed on (Debian 13): verify's checks and the model's expectations."""
+    r = certify("basic", **{"dcgmi-diag.json": (200, "", "dcgmi not installed")})
+    assert (r.certified, r.reached, r.reasons) == (True, "basic", [])
+    assert not any(p.id.startswith("dcgm") for p in r.parts)  # not asked for, not run, not shown as run
+    xml = set_gpu(raw("nvidia-smi-q-x.xml"), "remapped_rows/remapped_row_pending", "Yes")
+    r = certify("basic", **{XML: (0, xml, "")})
+    assert (r.certified, r.reached) == (False, None)
 
 
 def test_a_verify_finding_blocks_the_level_with_its_reason() -> None:
@@ -212,13 +222,13 @@ def test_extended_stops_at_standard_when_a_stress_test_fails() -> None:
 def test_a_level_whose_tests_all_skipped_is_not_reached() -> None:
     skipped = fixture("dcgm", "r1-dcgm4-pass.json").replace('"Pass"', '"Skip"')
     r = certify(**{"dcgmi-diag.json": (0, skipped, "")})
-    assert (r.certified, r.reached) == (False, None)
+    assert (r.certified, r.reached) == (False, "basic")
     assert r.reasons == ["quick: DCGM's level-1 tests did not run: none of them passed (skipped or not run)"]
 
 
 def test_a_gpu_dcgm_did_not_test_keeps_the_level_unreached() -> None:
     r = certify(gpus=2)  # DCGM's level-1 results name GPU 0 only
-    assert (r.certified, r.reached) == (False, None)
+    assert (r.certified, r.reached) == (False, "basic")
     assert r.reasons == ["quick: DCGM's level-1 tests passed on no result for GPU 1"]
 
 
@@ -350,7 +360,10 @@ def test_junit_one_suite_per_host_one_case_per_check() -> None:
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == ["gpu-01", "gpu-\\x1b]0;x\\x07"]
     names = [c.get("name") for c in suites[0].findall("testcase")]
-    assert len(names) == len(set(names)) == len(good.parts) + 1 and names[-1] == "level quick"
+    assert len(names) == len(set(names)) == len(good.parts) + 2 and names[-2:] == [
+        "level basic",
+        "level quick",
+    ]
     level = suites[1].findall("testcase")[-1]
     failure = level.find("failure")
     assert failure is not None and "dcgmi not installed" in (failure.text or "")
@@ -389,7 +402,7 @@ def test_snapshot_replay_of_the_real_h100() -> None:
     rc, out, _ = invoke("--snapshot", str(H100_SNAPSHOT), "--format", "json")
     assert rc == 1
     (h,) = json.loads(out)["hosts"]
-    assert (h["host"], h["certified"], h["reached"]) == ("vm", False, None)
+    assert (h["host"], h["certified"], h["reached"]) == ("vm", False, "basic")
     assert h["gpus"] == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "model": "NVIDIA H100 SXM5 80GB"}]
     sku = {p["id"]: p["status"] for p in h["parts"] if p["id"].startswith("sku ")}
     assert sku == {"sku memory": "pass", "sku pcie": "pass", "sku nvlink": "skip", "sku power": "pass",
@@ -444,9 +457,9 @@ def test_progress_says_the_expected_time_first_then_each_host(tmp_path: Path) ->
     said: list[str] = []
     run = run_certify(snapshot=tmp_path, level="standard", progress=said.append, heartbeat_s=0.001)
     assert said[0].startswith("certify: 1 host(s) at level standard") and "about 2 min" in said[0]
-    # The snapshot has no level-2 diagnostic: the host reaches no level, and says so.
+    # The snapshot has no level-2 diagnostic: the host reaches basic only, and says so.
     assert [x for x in said if x.startswith("gpu-01:")] == [
-        "gpu-01: not certified (reached no level; 1 reason(s)) after 0m00s"
+        "gpu-01: not certified (reached basic; 1 reason(s)) after 0m00s"
     ]
     assert run.exit_code() == 1
 
