@@ -47,6 +47,7 @@ REMEDIATE = ChangeKind(
     entries=frozenset({REBOOTING, VERIFYING}),
 )
 NODE_READY_WAIT = 300.0
+ADVERTISE_WAIT = 300.0  # the device plugin back on the node and its GPUs allocatable again
 
 # `--budget N/PERIOD`: PERIOD a number with a unit (s, m, h, d).
 _BUDGET = re.compile(r"(?P<n>[0-9]{1,6})/(?P<p>[0-9]{1,6})(?P<u>[smhd])")
@@ -268,6 +269,22 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
                 host,
                 FAILED,
                 f"needs service: still {after.plan.action}: {'; '.join(after.plan.reasons)[:400]}",
+            )
+            return False
+        # The device plugin and the other operands come back before the node is judged: a node that
+        # advertises no GPU is not fit for work, and certification reads what it advertises.
+        problems = self._put_back(host, s.node, uncordon=False)
+        if problems:
+            self._leave_cordoned(host, FAILED, "needs service: " + "; ".join(problems))
+            return False
+        self.progress(host, "operands back; waiting for the node to advertise its GPUs")
+        if not self.fleet.wait_advertised(s.node, ADVERTISE_WAIT, self.interrupted.is_set):
+            self._check()
+            self.state.update(host, after=SERVICE)
+            self._leave_cordoned(
+                host,
+                FAILED,
+                f"needs service: node {s.node} advertises no GPU {ADVERTISE_WAIT:g} s after the repair",
             )
             return False
         level = self.opt.certify_level

@@ -12,6 +12,7 @@ after that is named and the reset is not tried.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from provisioner.executors import ExecutorError, SshExecutor
 from provisioner.health.decide import HostPlan, plan_host
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
+from provisioner.migapply.fleet import allocatable
 from provisioner.probes.kernel_log import pci_device
 from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.model import HostProbe, StepFailed
@@ -254,6 +256,22 @@ class HealFleet(SshFleet):
             return False
         ready, _, booted = res.stdout.strip().partition(" ")
         return ready == "True" and (boot_id is None or booted.strip() == boot_id)
+
+    def wait_advertised(self, node: str, timeout: float, stop: Callable[[], bool]) -> bool:
+        """Wait until the node's allocatable NVIDIA resources are more than none (the device plugin is
+        back); True when they are. Without a cluster there is nothing to wait for."""
+        if self.kube is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while not stop():
+            res = self.kube.kubectl("get", "node", "-o", "json", "--", node)
+            with contextlib.suppress(ValueError, AttributeError):
+                if res.rc == 0 and any(allocatable(json.loads(res.stdout)).values()):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.poll_s)
+        return False
 
     def wait_ready(
         self, node: str, timeout: float, stop: Callable[[], bool], boot_id: str | None = None

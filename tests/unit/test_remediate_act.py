@@ -157,6 +157,11 @@ class Fleet:
             h.fault = None
         return f"boot-{h.boot}"
 
+    def wait_advertised(self, node: str, timeout: float, stop: Any) -> bool:
+        self.log("advertised", node)
+        assert self.hosts[node].labels.get("nvidia.com/gpu.deploy.operands") != "false"  # operands back first
+        return True
+
     def wait_ready(self, node: str, timeout: float, stop: Any, boot_id: str | None = None) -> bool:
         assert boot_id == f"boot-{self.hosts[node].boot}"  # the kubelet of the new boot, not the old
         return True
