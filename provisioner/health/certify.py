@@ -160,7 +160,7 @@ def _sku_parts(facts: HostFacts, table: skus.SkuTable) -> tuple[list[Part], list
     warnings: list[str] = []
     shown: list[dict[str, Any]] = []
     for gpu in gpus:
-        judged = skus.judge_gpu(gpu, links, table)
+        judged = skus.judge_gpu(gpu, links, table, len(gpus))
         shown.append({"index": gpu.index, "name": gpu.name, "model": judged.sku.name if judged.sku else None})
         parts += [Part(f"sku {j.check}", j.status, j.detail, BASIC, gpu.index) for j in judged.judgements]
         warnings += [f"GPU {gpu.index}: {w}" for w in judged.warnings]

@@ -212,7 +212,12 @@ def _pcie(gpu: SmiGpu, sku: Sku | None, table: SkuTable, warnings: list[str]) ->
 
 
 def _nvlink(
-    gpu: SmiGpu, sku: Sku | None, table: SkuTable, links: Mapping[int, NvlinkGpu] | str, warnings: list[str]
+    gpu: SmiGpu,
+    sku: Sku | None,
+    table: SkuTable,
+    links: Mapping[int, NvlinkGpu] | str,
+    warnings: list[str],
+    gpus_on_host: int | None = None,
 ) -> Judgement:
     spec = sku.get("nvlink_links") if sku is not None else None
     if sku is None or spec is None:
@@ -224,6 +229,11 @@ def _nvlink(
     mine = links.get(gpu.index)
     if mine is None and spec.value == 0:
         return Judgement("nvlink", PASS, "no NVLink, as the model")
+    if gpus_on_host == 1 and spec.value and (mine is None or not mine.links):
+        # A host given one GPU of a multi-GPU board (a VM with one GPU passed through, as the real H100
+        # and H200 hosts gpuprov was run on) shows no NVLink at all: there is no peer to link to.
+        warnings.append(f"GPU {gpu.index}: no NVLink exposed on this one-GPU host: links not judged")
+        return Judgement("nvlink", SKIP, "not judged: the host has one GPU and shows no NVLink")
     if mine is None:
         return Judgement("nvlink", FAIL, f"nvidia-smi nvlink -s lists no GPU {gpu.index}")
     inactive = sorted(k for k, v in mine.links.items() if v is None)
@@ -296,9 +306,13 @@ def _temperature(gpu: SmiGpu, sku: Sku | None, table: SkuTable) -> Judgement:
 
 
 def judge_gpu(
-    gpu: SmiGpu, links: Mapping[int, NvlinkGpu] | str, table: SkuTable | None = None
+    gpu: SmiGpu,
+    links: Mapping[int, NvlinkGpu] | str,
+    table: SkuTable | None = None,
+    gpus_on_host: int | None = None,
 ) -> GpuJudgement:
-    """One GPU against its model. `links` is `nvidia-smi nvlink -s` parsed, or why it is not available."""
+    """One GPU against its model. `links` is `nvidia-smi nvlink -s` parsed, or why it is not available;
+    `gpus_on_host`, how many GPUs the host has (one: a GPU that shows no NVLink has no peer to link to)."""
     table = table or sku_table()
     sku = table.match(gpu)
     out = GpuJudgement(gpu.index, gpu.name, sku)
@@ -311,7 +325,7 @@ def judge_gpu(
     out.judgements = [
         _memory(gpu, sku, table),
         _pcie(gpu, sku, table, out.warnings),
-        _nvlink(gpu, sku, table, links, out.warnings),
+        _nvlink(gpu, sku, table, links, out.warnings, gpus_on_host),
         _power(gpu, sku, table),
         _temperature(gpu, sku, table),
     ]

@@ -160,3 +160,17 @@ def test_bandwidth_floors_come_from_the_pcie_link_and_nvlink() -> None:
     floors = bandwidth_floors([h200_sku, h200_sku])
     assert floors == {"pcie": pytest.approx(31.5, rel=0.01), "nvlink": 225.0}
     assert bandwidth_floors([h200_sku, None]) == {"pcie": None, "nvlink": None}
+
+
+def test_a_one_gpu_host_that_shows_no_nvlink_is_not_judged_on_it() -> None:
+    """As the real H100 and H200 hosts (one GPU passed through to a VM): `nvidia-smi nvlink -s` lists the
+    GPU and no link. On a host with more GPUs the same output fails the GPU."""
+    bare = parse_nvlink_status("GPU 0: NVIDIA H200 (UUID: GPU-5b1e0c7d-0000-0000-0000-000000000000)\n")
+    judged = judge_gpu(h200(), bare, gpus_on_host=1)
+    nvlink = next(j for j in judged.judgements if j.check == "nvlink")
+    assert nvlink.status == "skip" and any("no NVLink exposed" in w for w in judged.warnings)
+    judged = judge_gpu(h200(), bare, gpus_on_host=8)
+    assert next(j for j in judged.judgements if j.check == "nvlink").status == "fail"
+    # links that are listed are judged, one GPU or not
+    judged = judge_gpu(h200(), links(18, inactive=(3,)), gpus_on_host=1)
+    assert next(j for j in judged.judgements if j.check == "nvlink").status == "fail"
