@@ -340,3 +340,20 @@ def test_tops_query_is_answered_by_nvidia_smi_itself(h100: SimHost, monkeypatch:
     rc, out = h100.smi("--query-gpu=index,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader")
     assert rc == 0 and out.splitlines()[3] != "3, 0", out
     assert len(real) == 1
+
+
+def test_nvlink_status_answers_from_the_board_in_the_form_the_product_reads(tmp_path: Path) -> None:
+    """`nvidia-smi nvlink -s`: an HGX H100's GPUs list 18 links each; a one-GPU H200 host lists its GPU
+    and no link (as the real H200 VM does)."""
+    from provisioner.probes.smi import parse_nvlink_status
+
+    hgx = sim_host.SimHost(tmp_path / "hgx", "h100-sxm-8", "gpu2")
+    hgx.driver()
+    rc, out = hgx.smi("nvlink", "-s")
+    links = parse_nvlink_status(out)
+    assert rc == 0 and sorted(links) == list(range(8))
+    assert {g.active for g in links.values()} == {18} and links[0].links[17] == 26.562
+    one = sim_host.SimHost(tmp_path / "one", "h200", "gpu1")
+    one.driver()
+    rc, out = one.smi("nvlink", "-s")
+    assert rc == 0 and parse_nvlink_status(out)[0].links == {}

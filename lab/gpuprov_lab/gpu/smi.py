@@ -424,6 +424,18 @@ def select(gpus: list[dict[str, Any]], ids: str | None) -> list[dict[str, Any]]:
     return chosen
 
 
+def nvlink_status(gpus: list[dict[str, Any]], peers: int) -> str:
+    """`nvidia-smi nvlink -s`: each GPU's line, then its links where the board has NVLink and the host
+    more than one GPU (a host given one GPU of a board, like the real H200 VM, shows no link). NVIDIA's
+    mock NVML has no NVLink, so the lab answers from the profile."""
+    out = []
+    for g in gpus:
+        out.append(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n")
+        if peers > 1:
+            out += [f"\t Link {k}: {g['nvlink_gbs']} GB/s\n" for k in range(int(g.get("nvlink_links", 0)))]
+    return "".join(out)
+
+
 def version_text(driver: str, cuda: str) -> str:
     nvml = ".".join(driver.split(".")[:2])
     return (
@@ -469,6 +481,8 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
                 mig_on, mode = MIG_MODES[value.upper()], "mig-mode"
             elif a in ("-r", "--gpu-reset"):
                 mode = "reset"
+            elif a == "nvlink" and ({"-s", "--status"} & set(args)):
+                mode, args = "nvlink", []
             elif a == "mig":
                 mig_cmd, mode = mig.parse_args(args), "mig"
                 ids = mig_cmd.ids if mig_cmd.ids is not None else ids
@@ -501,6 +515,8 @@ def main(prog: str, argv: list[str], driver: str = "", cuda: str = "") -> int:
             text = xml_text(host, st, chosen, version, cuda)
         elif mode == "query":
             text = query(host, st, chosen, version, fields, header)
+        elif mode == "nvlink":
+            text = nvlink_status(chosen, peers=len(gpus))
         elif mode == "reset":
             text = mig.reset(host, chosen)
         elif mode == "mig-mode":
