@@ -6,10 +6,23 @@ pass finding that covers all of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 from typing import Any
 
-from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
+from provisioner.checks.model import (
+    ERROR,
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    CheckFn,
+    Finding,
+    Unavailable,
+    check,
+    outcome,
+)
 from provisioner.expectations import Expectations
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.probes import host, kernel_log, smi
@@ -26,6 +39,23 @@ def _gpu_finding(status: str, gpu: SmiGpu, detail: str, **data: Any) -> Finding:
     return outcome(
         status, f"GPU {gpu.index} ({gpu.bus_id}): {detail}", gpu=gpu.index, bus_id=gpu.bus_id, **data
     )
+
+
+GpuCheckFn = Callable[[list[SmiGpu], Expectations], list[Finding]]
+
+
+def _gpu_check(check_id: str, *, severity: str, summary: str) -> Callable[[GpuCheckFn], CheckFn]:
+    """Register a check of the GPUs the driver sees: it is given them, from nvidia-smi's XML (the PCI
+    list tells a host without GPUs, a skip, from a driver that sees none)."""
+
+    def register(judge: GpuCheckFn) -> CheckFn:
+        @wraps(judge)
+        def run(facts: HostFacts, exp: Expectations) -> list[Finding]:
+            return judge(smi.smi_gpus(facts), exp)
+
+        return check(check_id, probes=(PCI, SMI_XML), severity=severity, summary=summary)(run)
+
+    return register
 
 
 def _all_pass(gpus: list[SmiGpu], what: str) -> list[Finding]:
@@ -110,9 +140,8 @@ def gpu_count(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check("gpu.persistence", probes=(PCI, SMI_XML), severity="medium", summary="persistence mode enabled")
-def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.persistence", severity="medium", summary="persistence mode enabled")
+def gpu_persistence(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
     want = True if exp.gpu_persistence is None else exp.gpu_persistence
     want_text = "Enabled" if want else "Disabled"
     findings: list[Finding] = []
@@ -131,14 +160,10 @@ def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return findings or _all_pass(gpus, f"persistence mode {want_text}")
 
 
-@check(
-    "gpu.ecc",
-    probes=(PCI, SMI_XML),
-    severity="high",
-    summary="ECC enabled where expected; no volatile uncorrectable ECC errors",
+@_gpu_check(
+    "gpu.ecc", severity="high", summary="ECC enabled where expected; no volatile uncorrectable ECC errors"
 )
-def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+def gpu_ecc(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     for g in gpus:
         counted = _volatile_uncorrectable(g)
@@ -225,14 +250,12 @@ def _volatile_uncorrectable(gpu: SmiGpu) -> _VolatileCount:
     return _VolatileCount(total, missing)
 
 
-@check(
+@_gpu_check(
     "gpu.memory_remap",
-    probes=(PCI, SMI_XML),
     severity="high",
     summary="no pending row remap (warn), no remap failure (fail); no pending page retirement",
 )
-def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+def gpu_memory_remap(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     evaluated = 0
     for g in gpus:
@@ -263,14 +286,8 @@ def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return _all_pass(gpus, "no pending or failed row remaps")
 
 
-@check(
-    "gpu.pcie_link",
-    probes=(PCI, SMI_XML),
-    severity="medium",
-    summary="PCIe link at its maximum generation and width",
-)
-def gpu_pcie_link(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.pcie_link", severity="medium", summary="PCIe link at its maximum generation and width")
+def gpu_pcie_link(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     notes: list[str] = []
     unknown = 0
@@ -316,14 +333,12 @@ _SLOWDOWN = {
 }
 
 
-@check(
+@_gpu_check(
     "gpu.throttle",
-    probes=(PCI, SMI_XML),
     severity="medium",
     summary="no hardware slowdown, thermal or power-brake clock reason active",
 )
-def gpu_throttle(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+def gpu_throttle(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
     findings: list[Finding] = []
     if all(not g.event_reasons for g in gpus):
         raise Unavailable(ERROR, "nvidia-smi reported no clocks event (throttle) reasons")
