@@ -16,8 +16,9 @@ from provisioner.probes.packages import APT_HOLDS, PACKAGES
 from provisioner.probes.system import OS_RELEASE, SERVICE_PROCESSES, SERVICES
 
 
-@check("os.supported", probes=(OS_RELEASE,), severity="high", summary="OS and version in the supported set")
+@check("os.supported", probes=(OS_RELEASE,), severity="high")
 def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """OS and version in the supported set"""
     osr = system.os_release(facts)
     ident = osr.get("ID", "").lower()
     version = osr.get("VERSION_ID", "")
@@ -37,13 +38,9 @@ def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check(
-    "cuda.version",
-    probes=(NVCC_VERSION, PACKAGES),
-    severity="medium",
-    summary="CUDA toolkit at /usr/local/cuda present and = policy",
-)
+@check("cuda.version", probes=(NVCC_VERSION, PACKAGES), severity="medium")
 def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """CUDA toolkit at /usr/local/cuda present and = policy"""
     toolkit = cuda.toolkit(facts)
     want = exp.cuda_version
     if toolkit is None:
@@ -97,13 +94,9 @@ def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
 _K8S_HELD = ("kubeadm", "kubelet", "kubectl")
 
 
-@check(
-    "packages.held",
-    probes=(APT_HOLDS, PACKAGES),
-    severity="medium",
-    summary="packages that must not move on apt upgrade are held",
-)
+@check("packages.held", probes=(APT_HOLDS, PACKAGES), severity="medium")
 def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """packages that must not move on apt upgrade are held"""
     holds = packages.holds(facts)
     installed = packages.installed(facts)
     if exp.packages_held is None:
@@ -159,12 +152,10 @@ def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
 
 
 @check(
-    "services.active",
-    probes=(SERVICES, SERVICE_PROCESSES, PACKAGES, HOST_FACTS, KUBE_NODE),
-    severity="high",
-    summary="expected services active",
+    "services.active", probes=(SERVICES, SERVICE_PROCESSES, PACKAGES, HOST_FACTS, KUBE_NODE), severity="high"
 )
 def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """expected services active"""
     if exp.services_active is None:
         wanted, where = _expected_services(facts)
         if not wanted:
@@ -187,13 +178,9 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return [outcome(PASS, f"active: {', '.join(wanted)} ({where}){judged}")]
 
 
-@check(
-    "container_toolkit.runtime",
-    probes=(DOCKER_DAEMON, CONTAINERD_DUMP, PACKAGES),
-    severity="high",
-    summary="nvidia runtime configured for docker / containerd",
-)
+@check("container_toolkit.runtime", probes=(DOCKER_DAEMON, CONTAINERD_DUMP, PACKAGES), severity="high")
 def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """nvidia runtime configured for docker / containerd"""
     installed = packages.installed(facts)
     if exp.container_toolkit_runtime is None:
         if "nvidia-container-toolkit" not in installed:
