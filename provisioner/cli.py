@@ -15,13 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
 
 from provisioner.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuprovError
 from provisioner.hosttext import safe_text
+
+if TYPE_CHECKING:
+    from provisioner.playbookverb.run import VerbResult
 
 app = typer.Typer(
     name="gpuprov",
@@ -89,10 +93,39 @@ InventoryOpt = Annotated[
     Path | None, typer.Option("-i", "--inventory", help="Ansible inventory (YAML or INI file, or directory).")
 ]
 LimitOpt = Annotated[str | None, typer.Option("--limit", "-l", help="Host pattern, as ansible --limit.")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format")]
 
 
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+# The options of the verbs that run playbooks.
+CheckOpt = Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ForksOpt = Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")]
+
+
+def _run_playbook_verb(
+    verb: Callable[..., VerbResult],
+    *,
+    check: bool,
+    yes: bool,
+    forks: int,
+    output_format: OutputFormat,
+    shown: set[str] | None = None,
+) -> int:
+    """Run a playbook verb (`verb`, given its `controls`) with its live progress (of the plays `shown`;
+    None: all), then show its result."""
+    from provisioner.playbookverb.render import make_progress, show
+    from provisioner.playbookverb.run import RunControls
+
+    progress = make_progress(output_format.value, shown=shown)
+    confirm = _confirm if sys.stdin.isatty() else None
+    with progress:
+        controls = RunControls(check, yes, forks, on_event=progress, notify=progress.note, confirm=confirm)
+        result = verb(controls=controls)
+    return show(result, output_format.value)
 
 
 @app.command()
@@ -101,34 +134,29 @@ def bootstrap(
     only: Annotated[str | None, typer.Option(help="Comma-separated stages to run (default: all).")] = None,
     skip: Annotated[str | None, typer.Option(help="Comma-separated stages to leave out.")] = None,
     limit: LimitOpt = None,
-    check: Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    check: CheckOpt = False,
+    yes: YesOpt = False,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="Rerun only the hosts that failed in the last run.")
     ] = False,
-    forks: Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")] = 20,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    forks: ForksOpt = 20,
+    output_format: FormatOpt = OutputFormat.table,
 ) -> int:
     """Take hosts from bare OS to GPU Operator, stage by stage, then verify them."""
     from provisioner.bootstrap.verb import progress_filter, run_bootstrap
-    from provisioner.playbookverb.render import make_progress, show
 
-    progress = make_progress(output_format.value, shown=progress_filter(_split(only), _split(skip)))
-    with progress:
-        result = run_bootstrap(
-            inventory=inventory,
-            only=_split(only),
-            skip=_split(skip),
-            limit=limit,
-            check=check,
-            assume_yes=yes,
-            retry_failed=retry_failed,
-            forks=forks,
-            on_event=progress,
-            notify=progress.note,
-            confirm=_confirm if sys.stdin.isatty() else None,
-        )
-    return show(result, output_format.value)
+    verb = partial(
+        run_bootstrap,
+        inventory=inventory,
+        only=_split(only),
+        skip=_split(skip),
+        limit=limit,
+        retry_failed=retry_failed,
+    )
+    shown = progress_filter(_split(only), _split(skip))
+    return _run_playbook_verb(
+        verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
+    )
 
 
 @app.command()
@@ -300,7 +328,7 @@ def remediate(
         ),
     ] = "quick",
     limit: LimitOpt = None,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
     parallel: ParallelOpt = 50,
     timeout: TimeoutOpt = 180.0,
 ) -> int:
@@ -491,7 +519,7 @@ def upgrade_driver(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan (batches, order, from → to); change nothing.")
     ] = False,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
     limit: LimitOpt = None,
     drain_timeout: Annotated[
         float | None, typer.Option("--drain-timeout", help="Seconds allowed for a drain (default 300).")
@@ -559,7 +587,7 @@ def mig_apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check and print the plan; change nothing.")
     ] = False,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
 ) -> int:
     """Apply each GPU host's declared MIG layout (gpuprov_mig_config), batch by batch: cordon, evict GPU
     pods, set nvidia.com/mig.config, wait for the MIG manager, verify devices and allocatable, uncordon."""
@@ -595,30 +623,15 @@ def _day2_apply(
     name: str, inventory: Path | None, check: bool, yes: bool, forks: int, output_format: OutputFormat
 ) -> int:
     from provisioner.playbookverb.day2 import run_day2
-    from provisioner.playbookverb.render import make_progress, show
 
-    progress = make_progress(output_format.value)
-    with progress:
-        result = run_day2(
-            name,
-            inventory=inventory,
-            check=check,
-            assume_yes=yes,
-            forks=forks,
-            on_event=progress,
-            notify=progress.note,
-            confirm=_confirm if sys.stdin.isatty() else None,
-        )
-    return show(result, output_format.value)
+    verb = partial(run_day2, name, inventory=inventory)
+    return _run_playbook_verb(verb, check=check, yes=yes, forks=forks, output_format=output_format)
 
 
 sharing_app = typer.Typer(help="GPU sharing (time-slicing, MPS) through the GPU Operator's device plugin.")
 app.add_typer(sharing_app, name="sharing")
 tenants_app = typer.Typer(help="Tenants: namespaces with GPU quotas and limits, dedicated node pools.")
 app.add_typer(tenants_app, name="tenants")
-CheckOpt = Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-ForksOpt = Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")]
 
 
 @sharing_app.command("apply")
@@ -627,7 +640,7 @@ def sharing_apply(
     check: CheckOpt = False,
     yes: YesOpt = False,
     forks: ForksOpt = 20,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
 ) -> int:
     """Publish the sharing profiles (gpuprov_gpu_sharing_profiles), label each GPU node with its profile
     (gpuprov_gpu_sharing), restart the device plugin where a profile changed, then verify gpu.sharing and
@@ -641,7 +654,7 @@ def tenants_apply(
     check: CheckOpt = False,
     yes: YesOpt = False,
     forks: ForksOpt = 20,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
 ) -> int:
     """Create or update the tenants (gpuprov_tenants): namespaces, GPU quotas, limits, node pools; then
     verify tenants.quota."""
