@@ -619,46 +619,45 @@ def mig_apply(
     return result.exit_code
 
 
-def _day2_apply(
-    name: str, inventory: Path | None, check: bool, yes: bool, forks: int, output_format: OutputFormat
-) -> int:
-    from provisioner.playbookverb.day2 import run_day2
+def _day2_apply(name: str, help_text: str) -> Callable[..., int]:
+    """The `apply` command of a day-2 verb (DAY2's `name`): the playbook verbs' options, on every host of
+    the inventory."""
 
-    verb = partial(run_day2, name, inventory=inventory)
-    return _run_playbook_verb(verb, check=check, yes=yes, forks=forks, output_format=output_format)
+    def apply(
+        inventory: InventoryOpt = None,
+        check: CheckOpt = False,
+        yes: YesOpt = False,
+        forks: ForksOpt = 20,
+        output_format: FormatOpt = OutputFormat.table,
+    ) -> int:
+        from provisioner.playbookverb.day2 import run_day2
+
+        verb = partial(run_day2, name, inventory=inventory)
+        return _run_playbook_verb(verb, check=check, yes=yes, forks=forks, output_format=output_format)
+
+    apply.__doc__ = help_text
+    return apply
 
 
 sharing_app = typer.Typer(help="GPU sharing (time-slicing, MPS) through the GPU Operator's device plugin.")
 app.add_typer(sharing_app, name="sharing")
+sharing_app.command("apply")(
+    _day2_apply(
+        "sharing",
+        """Publish the sharing profiles (gpuprov_gpu_sharing_profiles), label each GPU node with its
+        profile (gpuprov_gpu_sharing), restart the device plugin where a profile changed, then verify
+        gpu.sharing and k8s.gpu_allocatable on the GPU nodes.""",
+    )
+)
 tenants_app = typer.Typer(help="Tenants: namespaces with GPU quotas and limits, dedicated node pools.")
 app.add_typer(tenants_app, name="tenants")
-
-
-@sharing_app.command("apply")
-def sharing_apply(
-    inventory: InventoryOpt = None,
-    check: CheckOpt = False,
-    yes: YesOpt = False,
-    forks: ForksOpt = 20,
-    output_format: FormatOpt = OutputFormat.table,
-) -> int:
-    """Publish the sharing profiles (gpuprov_gpu_sharing_profiles), label each GPU node with its profile
-    (gpuprov_gpu_sharing), restart the device plugin where a profile changed, then verify gpu.sharing and
-    k8s.gpu_allocatable on the GPU nodes."""
-    return _day2_apply("sharing", inventory, check, yes, forks, output_format)
-
-
-@tenants_app.command("apply")
-def tenants_apply(
-    inventory: InventoryOpt = None,
-    check: CheckOpt = False,
-    yes: YesOpt = False,
-    forks: ForksOpt = 20,
-    output_format: FormatOpt = OutputFormat.table,
-) -> int:
-    """Create or update the tenants (gpuprov_tenants): namespaces, GPU quotas, limits, node pools; then
-    verify tenants.quota."""
-    return _day2_apply("tenants", inventory, check, yes, forks, output_format)
+tenants_app.command("apply")(
+    _day2_apply(
+        "tenants",
+        """Create or update the tenants (gpuprov_tenants): namespaces, GPU quotas, limits, node pools;
+        then verify tenants.quota.""",
+    )
+)
 
 
 def _confirm(question: str) -> bool:
