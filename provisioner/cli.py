@@ -72,21 +72,13 @@ def _add_plugins() -> None:
         app.add_typer(plugin, name=ep.name)
 
 
-class OutputFormat(StrEnum):
-    table = "table"
-    json = "json"
-
-
-class ReportFormat(StrEnum):
-    table = "table"
-    json = "json"
-    junit = "junit"
-    prometheus = "prometheus"
-
-
-class FailOn(StrEnum):
-    warn = "warn"
-    fail = "fail"
+# Each verb's choices of --format (and certify's --level).
+OutputFormat = StrEnum("OutputFormat", ["table", "json"])
+ReportFormat = StrEnum("ReportFormat", ["table", "json", "junit", "prometheus"])
+CertifyFormat = StrEnum("CertifyFormat", ["table", "json", "junit"])
+TopFormat = StrEnum("TopFormat", ["table", "json", "prometheus"])
+CertifyLevel = StrEnum("CertifyLevel", ["quick", "standard", "extended"])
+FailOn = StrEnum("FailOn", ["warn", "fail"])
 
 
 InventoryOpt = Annotated[
@@ -377,18 +369,6 @@ def remediate(
     )  # fmt: skip
 
 
-class CertifyLevel(StrEnum):
-    quick = "quick"
-    standard = "standard"
-    extended = "extended"
-
-
-class CertifyFormat(StrEnum):
-    table = "table"
-    json = "json"
-    junit = "junit"
-
-
 @app.command()
 def certify(
     inventory: InventoryOpt = None,
@@ -433,12 +413,6 @@ def certify(
     render = {CertifyFormat.json: R.to_json, CertifyFormat.junit: R.to_junit}.get(output_format, R.to_table)
     sys.stdout.write(render(run))
     return run.exit_code()
-
-
-class TopFormat(StrEnum):
-    table = "table"
-    json = "json"
-    prometheus = "prometheus"
 
 
 @app.command()
