@@ -341,13 +341,9 @@ def remediate(
 
             raise InputError("--watch acts in cycles: leave out --dry-run")
         plans = R.run_remediate(
-            inventory=inventory,
-            local=local,
-            snapshot=snapshot,
-            limit=limit,
-            parallel=parallel,
+            inventory=inventory, local=local, snapshot=snapshot, limit=limit, parallel=parallel,
             timeout=timeout,
-        )
+        )  # fmt: skip
         sys.stdout.write(R.to_json(plans) if output_format is OutputFormat.json else R.to_table(plans))
         return R.exit_code(plans)
     from provisioner.rollout.render import Progress
@@ -466,19 +462,24 @@ def top(
     return 1 if once and any(s.failed for s in last) else 0
 
 
+# The options of the rolling changes.
+BatchOpt = Annotated[
+    str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
+]
+MaxFailOpt = Annotated[
+    int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
+]
+
+
 @app.command("upgrade-driver")
 def upgrade_driver(
     inventory: InventoryOpt = None,
     to: Annotated[
         str | None, typer.Option("--to", help="Driver branch (580) or version (580.159.04) to upgrade to.")
     ] = None,
-    batch: Annotated[
-        str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
-    ] = None,
+    batch: BatchOpt = None,
     canary: Annotated[int | None, typer.Option("--canary", help="Hosts upgraded alone first.")] = None,
-    max_fail: Annotated[
-        int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
-    ] = None,
+    max_fail: MaxFailOpt = None,
     pause: Annotated[bool, typer.Option("--pause", help="Ask before each batch after the first.")] = False,
     drain: Annotated[
         bool | None,
@@ -505,21 +506,10 @@ def upgrade_driver(
     from provisioner.upgrade.verb import run_upgrade
 
     result = run_upgrade(
-        inventory=inventory,
-        to=to,
-        batch=batch,
-        canary=canary,
-        max_fail=max_fail,
-        pause=pause or None,
-        drain=drain,
-        reboot_allowed=reboot_allowed or None,
-        resume=resume,
-        dry_run=dry_run,
-        limit=limit,
-        drain_timeout=drain_timeout,
-        progress=Progress(),
-        confirm=_confirm,
-    )
+        inventory=inventory, to=to, batch=batch, canary=canary, max_fail=max_fail, pause=pause or None,
+        drain=drain, reboot_allowed=reboot_allowed or None, resume=resume, dry_run=dry_run, limit=limit,
+        drain_timeout=drain_timeout, progress=Progress(), confirm=_confirm,
+    )  # fmt: skip
     return show(result, output_format.value)
 
 
@@ -531,13 +521,9 @@ app.add_typer(mig_app, name="mig")
 def mig_apply(
     inventory: InventoryOpt = None,
     limit: LimitOpt = None,
-    batch: Annotated[
-        str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
-    ] = None,
+    batch: BatchOpt = None,
     canary: Annotated[int | None, typer.Option("--canary", help="Hosts changed alone first.")] = None,
-    max_fail: Annotated[
-        int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
-    ] = None,
+    max_fail: MaxFailOpt = None,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", help="Seconds the MIG manager gets per node to report (default 600)."),
@@ -569,17 +555,9 @@ def mig_apply(
     from provisioner.rollout.render import Progress, render_summary
 
     result = run_mig_apply(
-        inventory=inventory,
-        limit=limit,
-        batch=batch,
-        canary=canary,
-        max_fail=max_fail,
-        resume=resume,
-        dry_run=dry_run,
-        state_timeout=timeout,
-        advertise_timeout=advertise_timeout,
-        progress=Progress(),
-    )
+        inventory=inventory, limit=limit, batch=batch, canary=canary, max_fail=max_fail, resume=resume,
+        dry_run=dry_run, state_timeout=timeout, advertise_timeout=advertise_timeout, progress=Progress(),
+    )  # fmt: skip
     if result.summary is not None:
         render_summary(result.summary, output_format.value)
     elif output_format is OutputFormat.json and result.plan_doc is not None:
