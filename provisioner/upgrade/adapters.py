@@ -32,7 +32,7 @@ from provisioner.probes.smi import SMI_XML
 from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.model import ChangeOutcome
 from provisioner.upgrade.plan import DriverProbe, DriverTarget
-from provisioner.upgrade.rollout import ANNOTATION, INSTALLING, REBOOTING, RELOADING, STOPPING
+from provisioner.upgrade.rollout import ANNOTATION, INSTALLING, REBOOTING, RELOADING, STOPPING, StepFn
 
 PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
 # The playbook reports its progress through these facts (a step name, a reboot's reason).
@@ -150,12 +150,7 @@ class RealFleet(SshFleet):
         }
 
     def upgrade(
-        self,
-        hosts: Sequence[str],
-        target: DriverTarget,
-        *,
-        reboot_allowed: bool,
-        on_step: Callable[[str, str], None],
+        self, hosts: Sequence[str], target: DriverTarget, *, reboot_allowed: bool, on_step: StepFn
     ) -> dict[str, ChangeOutcome]:
         from provisioner.runner import Event, run_playbook
 
