@@ -25,7 +25,7 @@ from provisioner.executors import ExecutorError
 from provisioner.expectations import Expectations
 from provisioner.mig import parse_mig_devices
 from provisioner.probes import kernel_log, smi
-from provisioner.probes.base import ProbeResult, Unavailable
+from provisioner.probes.base import ProbeResult, or_default
 from provisioner.probes.host import HOST_FACTS, pci_gpus
 from provisioner.probes.kernel_log import KERNEL_LOG
 from provisioner.probes.smi import SMI_XML
@@ -53,29 +53,13 @@ NOTES = {
 def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str | None) -> DriverProbe:
     """A DriverProbe from raw probe results (pure: tested on recorded hosts)."""
     facts = HostFacts(host, results)
-    try:
-        loaded: str | None = installed_version(facts)
-    except Unavailable:
-        loaded = None
-    try:
-        pci = len(pci_gpus(facts))
-    except Unavailable:
-        pci = 0
-    try:
-        driver: int | None = len(smi.smi_log(facts).gpus)
-    except Unavailable:
-        driver = None
-    try:
-        xids = tuple(e.line for e in kernel_log.xids(facts))
-    except Unavailable:
-        xids = ()
     loaded_check = evaluate(facts, Expectations(), ["driver.loaded"])[0]
     return DriverProbe(
         host=host,
-        loaded=loaded,
-        gpus_pci=pci,
-        gpus_driver=driver,
-        xids=xids,
+        loaded=or_default(lambda: installed_version(facts), None),
+        gpus_pci=or_default(lambda: len(pci_gpus(facts)), 0),
+        gpus_driver=or_default(lambda: len(smi.smi_log(facts).gpus), None),
+        xids=or_default(lambda: tuple(e.line for e in kernel_log.xids(facts)), ()),
         node=node,
         driver_ok=loaded_check.status == PASS,
         driver_detail=loaded_check.detail,
