@@ -12,7 +12,6 @@ playbooks/upgrade_driver.yml (the nvidia_driver role, the same code bootstrap ru
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -69,8 +68,10 @@ def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str 
 # -------------------------------------------------------------------------------------------- fleet
 
 
-class RealFleet(SshFleet):
+class RealFleet(SshFleet[DriverProbe]):
     """GPU hosts over SSH and ansible-runner; the cluster through kubectl on the control plane."""
+
+    probe_timeout = 180.0  # seconds for a host's probes
 
     def __init__(
         self,
@@ -81,15 +82,12 @@ class RealFleet(SshFleet):
         record: Path | None,
         install_version: str,
         progress: Callable[[str | None, str], None],
-        connect_timeout: float = 10.0,
-        probe_timeout: float = 180.0,
     ) -> None:
-        super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
+        super().__init__(hosts, control_plane, annotation=ANNOTATION)
         self.inventory_path = inventory_path
         self.record = record
         self.install_version = install_version
         self.progress = progress
-        self.probe_timeout = probe_timeout
         self._installs = 0
 
     # -- probes
@@ -112,12 +110,6 @@ class RealFleet(SshFleet):
             return DriverProbe(name, error=str(exc))
         node = who.pop("node")
         return replace(probe_from_results(name, results, node), **who, mig_devices=mig_devices)
-
-    def probe(self, hosts: Sequence[str]) -> dict[str, DriverProbe]:
-        if len(hosts) == 1:
-            return {hosts[0]: self._probe_one(hosts[0])}
-        with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-probe") as pool:
-            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
 
     # -- the driver change
 
