@@ -72,21 +72,7 @@ def _self_cpu() -> float:
 
 
 def host_specs(fleet: LoopbackFleet) -> list[SimpleNamespace]:
-    return [
-        SimpleNamespace(
-            name=f"h{i:03d}",
-            address=s.address,
-            port=fleet.port,
-            user="root",
-            private_key_file=fleet.client_key,
-            known_hosts_file=fleet.known_hosts,
-            strict_host_key_checking=True,
-            password=None,
-            groups=["gpu_nodes"],
-            vars={},
-        )
-        for i, s in enumerate(fleet.servers)
-    ]
+    return [fleet.host_spec(f"h{i:03d}", s.address) for i, s in enumerate(fleet.servers)]
 
 
 def write_inventory(fleet: LoopbackFleet, path: Path) -> None:
