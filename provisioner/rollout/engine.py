@@ -549,9 +549,11 @@ def host_row(
 
 
 def summary(
-    state: RolloutState, outcome: RolloutOutcome, target: str, hosts: list[dict[str, Any]]
+    state: RolloutState, outcome: RolloutOutcome, target: str, said: Callable[[HostState], Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The run's summary (stdout and summary.json): its hosts' rows, totals by result, how it ended."""
+    """The run's summary (stdout and summary.json): its hosts' rows, totals by result, how it ended. A
+    host's row is its state's, with what the verb `said` of it: its result, `to` and `cordoned`."""
+    hosts = [host_row(name, s, **said(s)) for name, s in state.hosts.items()]
     totals: dict[str, int] = {}
     for h in hosts:
         totals[str(h["result"])] = totals.get(str(h["result"]), 0) + 1
