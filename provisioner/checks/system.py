@@ -90,6 +90,16 @@ def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
+def _declared(exp: Expectations, key: str, none_expected: str) -> tuple[list[str], str]:
+    """What the policy lists for `key` and where it says so; skip (`none_expected`) when the list is
+    empty."""
+    wanted = list(getattr(exp, key.replace(".", "_")))
+    where = exp.source(key)
+    if not wanted:
+        raise Unavailable(SKIP, f"{none_expected} ({where})")
+    return wanted, where
+
+
 # Kubernetes' own install guide holds these; the kubernetes role pins and holds them.
 _K8S_HELD = ("kubeadm", "kubelet", "kubectl")
 
@@ -108,10 +118,7 @@ def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
             held = ", ".join(sorted(holds)) or "none"
             return [outcome(SKIP, f"no expected holds (packages.held in a policy); held now: {held}")]
     else:
-        wanted = exp.packages_held
-        where = exp.source("packages.held")
-        if not wanted:
-            return [outcome(SKIP, f"no package expected held ({where})")]
+        wanted, where = _declared(exp, "packages.held", "no package expected held")
     not_held: list[str] = []
     absent: list[str] = []
     for pattern in wanted:
@@ -167,9 +174,7 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
                 )
             ]
     else:
-        wanted, where = list(exp.services_active), exp.source("services.active")
-        if not wanted:
-            return [outcome(SKIP, f"no service expected active ({where})")]
+        wanted, where = _declared(exp, "services.active", "no service expected active")
     states, how = system.services(facts)
     inactive = [u for u in wanted if not states.get(u, False)]
     judged = "" if how == "systemd" else f"; judged by running processes ({how})"
@@ -205,10 +210,9 @@ def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Findi
                 )
             ]
     else:
-        engines = list(exp.container_toolkit_runtime)
-        where = exp.source("container_toolkit.runtime")
-        if not engines:
-            return [outcome(SKIP, f"no container engine expected to have the nvidia runtime ({where})")]
+        engines, where = _declared(
+            exp, "container_toolkit.runtime", "no container engine expected to have the nvidia runtime"
+        )
     missing: list[str] = []
     configured: list[str] = []
     for engine in engines:
