@@ -15,13 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
 
 from provisioner.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuprovError
 from provisioner.hosttext import safe_text
+
+if TYPE_CHECKING:
+    from provisioner.playbookverb.run import VerbResult
 
 app = typer.Typer(
     name="gpuprov",
@@ -68,31 +72,52 @@ def _add_plugins() -> None:
         app.add_typer(plugin, name=ep.name)
 
 
-class OutputFormat(StrEnum):
-    table = "table"
-    json = "json"
-
-
-class ReportFormat(StrEnum):
-    table = "table"
-    json = "json"
-    junit = "junit"
-    prometheus = "prometheus"
-
-
-class FailOn(StrEnum):
-    warn = "warn"
-    fail = "fail"
+# Each verb's choices of --format (and certify's --level).
+OutputFormat = StrEnum("OutputFormat", ["table", "json"])
+ReportFormat = StrEnum("ReportFormat", ["table", "json", "junit", "prometheus"])
+CertifyFormat = StrEnum("CertifyFormat", ["table", "json", "junit"])
+TopFormat = StrEnum("TopFormat", ["table", "json", "prometheus"])
+CertifyLevel = StrEnum("CertifyLevel", ["basic", "quick", "standard", "extended"])
+FailOn = StrEnum("FailOn", ["warn", "fail"])
 
 
 InventoryOpt = Annotated[
     Path | None, typer.Option("-i", "--inventory", help="Ansible inventory (YAML or INI file, or directory).")
 ]
 LimitOpt = Annotated[str | None, typer.Option("--limit", "-l", help="Host pattern, as ansible --limit.")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format")]
 
 
 def _split(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+# The options of the verbs that run playbooks.
+CheckOpt = Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ForksOpt = Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")]
+
+
+def _run_playbook_verb(
+    verb: Callable[..., VerbResult],
+    *,
+    check: bool,
+    yes: bool,
+    forks: int,
+    output_format: OutputFormat,
+    shown: set[str] | None = None,
+) -> int:
+    """Run a playbook verb (`verb`, given its `controls`) with its live progress (of the plays `shown`;
+    None: all), then show its result."""
+    from provisioner.playbookverb.render import make_progress, show
+    from provisioner.playbookverb.run import RunControls
+
+    progress = make_progress(output_format.value, shown=shown)
+    confirm = _confirm if sys.stdin.isatty() else None
+    with progress:
+        controls = RunControls(check, yes, forks, on_event=progress, notify=progress.note, confirm=confirm)
+        result = verb(controls=controls)
+    return show(result, output_format.value)
 
 
 @app.command()
@@ -101,34 +126,29 @@ def bootstrap(
     only: Annotated[str | None, typer.Option(help="Comma-separated stages to run (default: all).")] = None,
     skip: Annotated[str | None, typer.Option(help="Comma-separated stages to leave out.")] = None,
     limit: LimitOpt = None,
-    check: Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    check: CheckOpt = False,
+    yes: YesOpt = False,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="Rerun only the hosts that failed in the last run.")
     ] = False,
-    forks: Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")] = 20,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    forks: ForksOpt = 20,
+    output_format: FormatOpt = OutputFormat.table,
 ) -> int:
     """Take hosts from bare OS to GPU Operator, stage by stage, then verify them."""
     from provisioner.bootstrap.verb import progress_filter, run_bootstrap
-    from provisioner.playbookverb.render import make_progress, show
 
-    progress = make_progress(output_format.value, shown=progress_filter(_split(only), _split(skip)))
-    with progress:
-        result = run_bootstrap(
-            inventory=inventory,
-            only=_split(only),
-            skip=_split(skip),
-            limit=limit,
-            check=check,
-            assume_yes=yes,
-            retry_failed=retry_failed,
-            forks=forks,
-            on_event=progress,
-            notify=progress.note,
-            confirm=_confirm if sys.stdin.isatty() else None,
-        )
-    return show(result, output_format.value)
+    verb = partial(
+        run_bootstrap,
+        inventory=inventory,
+        only=_split(only),
+        skip=_split(skip),
+        limit=limit,
+        retry_failed=retry_failed,
+    )
+    shown = progress_filter(_split(only), _split(skip))
+    return _run_playbook_verb(
+        verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
+    )
 
 
 @app.command()
@@ -300,7 +320,7 @@ def remediate(
         ),
     ] = "quick",
     limit: LimitOpt = None,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
     parallel: ParallelOpt = 50,
     timeout: TimeoutOpt = 180.0,
 ) -> int:
@@ -321,13 +341,9 @@ def remediate(
 
             raise InputError("--watch acts in cycles: leave out --dry-run")
         plans = R.run_remediate(
-            inventory=inventory,
-            local=local,
-            snapshot=snapshot,
-            limit=limit,
-            parallel=parallel,
+            inventory=inventory, local=local, snapshot=snapshot, limit=limit, parallel=parallel,
             timeout=timeout,
-        )
+        )  # fmt: skip
         sys.stdout.write(R.to_json(plans) if output_format is OutputFormat.json else R.to_table(plans))
         return R.exit_code(plans)
     from provisioner.rollout.render import Progress
@@ -347,19 +363,6 @@ def remediate(
         inventory=inventory, limit=limit, options=options, allow_reboot=allow_reboot, watch=watch,
         interval=interval, progress=Progress(), show=show,
     )  # fmt: skip
-
-
-class CertifyLevel(StrEnum):
-    basic = "basic"
-    quick = "quick"
-    standard = "standard"
-    extended = "extended"
-
-
-class CertifyFormat(StrEnum):
-    table = "table"
-    json = "json"
-    junit = "junit"
 
 
 @app.command()
@@ -407,12 +410,6 @@ def certify(
     render = {CertifyFormat.json: R.to_json, CertifyFormat.junit: R.to_junit}.get(output_format, R.to_table)
     sys.stdout.write(render(run))
     return run.exit_code()
-
-
-class TopFormat(StrEnum):
-    table = "table"
-    json = "json"
-    prometheus = "prometheus"
 
 
 @app.command()
@@ -466,19 +463,24 @@ def top(
     return 1 if once and any(s.failed for s in last) else 0
 
 
+# The options of the rolling changes.
+BatchOpt = Annotated[
+    str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
+]
+MaxFailOpt = Annotated[
+    int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
+]
+
+
 @app.command("upgrade-driver")
 def upgrade_driver(
     inventory: InventoryOpt = None,
     to: Annotated[
         str | None, typer.Option("--to", help="Driver branch (580) or version (580.159.04) to upgrade to.")
     ] = None,
-    batch: Annotated[
-        str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
-    ] = None,
+    batch: BatchOpt = None,
     canary: Annotated[int | None, typer.Option("--canary", help="Hosts upgraded alone first.")] = None,
-    max_fail: Annotated[
-        int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
-    ] = None,
+    max_fail: MaxFailOpt = None,
     pause: Annotated[bool, typer.Option("--pause", help="Ask before each batch after the first.")] = False,
     drain: Annotated[
         bool | None,
@@ -493,7 +495,7 @@ def upgrade_driver(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan (batches, order, from → to); change nothing.")
     ] = False,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
     limit: LimitOpt = None,
     drain_timeout: Annotated[
         float | None, typer.Option("--drain-timeout", help="Seconds allowed for a drain (default 300).")
@@ -505,21 +507,10 @@ def upgrade_driver(
     from provisioner.upgrade.verb import run_upgrade
 
     result = run_upgrade(
-        inventory=inventory,
-        to=to,
-        batch=batch,
-        canary=canary,
-        max_fail=max_fail,
-        pause=pause or None,
-        drain=drain,
-        reboot_allowed=reboot_allowed or None,
-        resume=resume,
-        dry_run=dry_run,
-        limit=limit,
-        drain_timeout=drain_timeout,
-        progress=Progress(),
-        confirm=_confirm,
-    )
+        inventory=inventory, to=to, batch=batch, canary=canary, max_fail=max_fail, pause=pause or None,
+        drain=drain, reboot_allowed=reboot_allowed or None, resume=resume, dry_run=dry_run, limit=limit,
+        drain_timeout=drain_timeout, progress=Progress(), confirm=_confirm,
+    )  # fmt: skip
     return show(result, output_format.value)
 
 
@@ -531,13 +522,9 @@ app.add_typer(mig_app, name="mig")
 def mig_apply(
     inventory: InventoryOpt = None,
     limit: LimitOpt = None,
-    batch: Annotated[
-        str | None, typer.Option("--batch", help="Hosts per batch: a number or a share (25%); default 1.")
-    ] = None,
+    batch: BatchOpt = None,
     canary: Annotated[int | None, typer.Option("--canary", help="Hosts changed alone first.")] = None,
-    max_fail: Annotated[
-        int | None, typer.Option("--max-fail", help="Failures allowed before batches stop (default 0).")
-    ] = None,
+    max_fail: MaxFailOpt = None,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", help="Seconds the MIG manager gets per node to report (default 600)."),
@@ -561,7 +548,7 @@ def mig_apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check and print the plan; change nothing.")
     ] = False,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    output_format: FormatOpt = OutputFormat.table,
 ) -> int:
     """Apply each GPU host's declared MIG layout (gpuprov_mig_config), batch by batch: cordon, evict GPU
     pods, set nvidia.com/mig.config, wait for the MIG manager, verify devices and allocatable, uncordon."""
@@ -569,17 +556,9 @@ def mig_apply(
     from provisioner.rollout.render import Progress, render_summary
 
     result = run_mig_apply(
-        inventory=inventory,
-        limit=limit,
-        batch=batch,
-        canary=canary,
-        max_fail=max_fail,
-        resume=resume,
-        dry_run=dry_run,
-        state_timeout=timeout,
-        advertise_timeout=advertise_timeout,
-        progress=Progress(),
-    )
+        inventory=inventory, limit=limit, batch=batch, canary=canary, max_fail=max_fail, resume=resume,
+        dry_run=dry_run, state_timeout=timeout, advertise_timeout=advertise_timeout, progress=Progress(),
+    )  # fmt: skip
     if result.summary is not None:
         render_summary(result.summary, output_format.value)
     elif output_format is OutputFormat.json and result.plan_doc is not None:
@@ -593,61 +572,45 @@ def mig_apply(
     return result.exit_code
 
 
-def _day2_apply(
-    name: str, inventory: Path | None, check: bool, yes: bool, forks: int, output_format: OutputFormat
-) -> int:
-    from provisioner.playbookverb.day2 import run_day2
-    from provisioner.playbookverb.render import make_progress, show
+def _day2_apply(name: str, help_text: str) -> Callable[..., int]:
+    """The `apply` command of a day-2 verb (DAY2's `name`): the playbook verbs' options, on every host of
+    the inventory."""
 
-    progress = make_progress(output_format.value)
-    with progress:
-        result = run_day2(
-            name,
-            inventory=inventory,
-            check=check,
-            assume_yes=yes,
-            forks=forks,
-            on_event=progress,
-            notify=progress.note,
-            confirm=_confirm if sys.stdin.isatty() else None,
-        )
-    return show(result, output_format.value)
+    def apply(
+        inventory: InventoryOpt = None,
+        check: CheckOpt = False,
+        yes: YesOpt = False,
+        forks: ForksOpt = 20,
+        output_format: FormatOpt = OutputFormat.table,
+    ) -> int:
+        from provisioner.playbookverb.day2 import run_day2
+
+        verb = partial(run_day2, name, inventory=inventory)
+        return _run_playbook_verb(verb, check=check, yes=yes, forks=forks, output_format=output_format)
+
+    apply.__doc__ = help_text
+    return apply
 
 
 sharing_app = typer.Typer(help="GPU sharing (time-slicing, MPS) through the GPU Operator's device plugin.")
 app.add_typer(sharing_app, name="sharing")
+sharing_app.command("apply")(
+    _day2_apply(
+        "sharing",
+        """Publish the sharing profiles (gpuprov_gpu_sharing_profiles), label each GPU node with its
+        profile (gpuprov_gpu_sharing), restart the device plugin where a profile changed, then verify
+        gpu.sharing and k8s.gpu_allocatable on the GPU nodes.""",
+    )
+)
 tenants_app = typer.Typer(help="Tenants: namespaces with GPU quotas and limits, dedicated node pools.")
 app.add_typer(tenants_app, name="tenants")
-CheckOpt = Annotated[bool, typer.Option("--check", help="Dry run: report what would change.")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-ForksOpt = Annotated[int, typer.Option(min=1, max=500, help="Hosts worked on in parallel.")]
-
-
-@sharing_app.command("apply")
-def sharing_apply(
-    inventory: InventoryOpt = None,
-    check: CheckOpt = False,
-    yes: YesOpt = False,
-    forks: ForksOpt = 20,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
-) -> int:
-    """Publish the sharing profiles (gpuprov_gpu_sharing_profiles), label each GPU node with its profile
-    (gpuprov_gpu_sharing), restart the device plugin where a profile changed, then verify gpu.sharing and
-    k8s.gpu_allocatable on the GPU nodes."""
-    return _day2_apply("sharing", inventory, check, yes, forks, output_format)
-
-
-@tenants_app.command("apply")
-def tenants_apply(
-    inventory: InventoryOpt = None,
-    check: CheckOpt = False,
-    yes: YesOpt = False,
-    forks: ForksOpt = 20,
-    output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
-) -> int:
-    """Create or update the tenants (gpuprov_tenants): namespaces, GPU quotas, limits, node pools; then
-    verify tenants.quota."""
-    return _day2_apply("tenants", inventory, check, yes, forks, output_format)
+tenants_app.command("apply")(
+    _day2_apply(
+        "tenants",
+        """Create or update the tenants (gpuprov_tenants): namespaces, GPU quotas, limits, node pools;
+        then verify tenants.quota.""",
+    )
+)
 
 
 def _confirm(question: str) -> bool:

@@ -17,22 +17,16 @@ from typing import Any
 
 from provisioner.errors import InputError
 from provisioner.hosttext import first_line
+from provisioner.sshaccess import SshAccess
 from provisioner.yamlfile import described, is_yaml, load_ansible_yaml, read_operator_file
 
 _TRUE = {"1", "yes", "true", "on", "y"}
 
 
 @dataclass(frozen=True)
-class HostSpec:
+class HostSpec(SshAccess):
     """One inventory host: where and how to reach it, and what the inventory says about it."""
 
-    name: str
-    address: str
-    port: int = 22
-    user: str = "root"
-    private_key_file: Path | None = None
-    known_hosts_file: Path | None = None
-    strict_host_key_checking: bool = True
     accept_new_host_keys: bool = False
     password: str | None = None
     groups: list[str] = field(default_factory=list)

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +46,10 @@ class HostStats:
     ignored: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "changed": self.changed,
-            "failed": self.failed,
-            "unreachable": self.unreachable,
-            "skipped": self.skipped,
-            "rescued": self.rescued,
-            "ignored": self.ignored,
-        }
+        """The counts by Ansible's names for them; the host is what they are filed under."""
+        counts = asdict(self)
+        del counts["host"]
+        return counts
 
 
 @dataclass(frozen=True)

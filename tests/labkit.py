@@ -67,17 +67,10 @@ class Lab:
     def ssh_argv(
         self, host: str, command: str, known_hosts: Path | None = None, timeout: int = 10
     ) -> list[str]:
-        return [
-            "ssh",
-            "-i", str(self.ssh_key),
-            "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={known_hosts or self.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={timeout}",
-            f"root@{self.hosts[host].ip}",
-            command,
-        ]  # fmt: skip
+        from gpuprov_lab.state import ssh_argv
+
+        ip = self.hosts[host].ip
+        return ssh_argv(self.ssh_key, known_hosts or self.known_hosts, ip, command, timeout=timeout)
 
     def ssh(
         self,

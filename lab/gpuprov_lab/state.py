@@ -51,20 +51,11 @@ class LabState:
         )
 
     def ssh_argv(self, ip: str, *command: str, timeout: int = 5) -> list[str]:
-        """ssh to a lab host as root with the lab key and host key checking on."""
+        """ssh to a lab host as root with the lab key and host key checking on; only errors said."""
         lp = self.paths
-        return [
-            "ssh",
-            "-i", str(lp.ssh_key),
-            "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={lp.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={timeout}",
-            "-o", "LogLevel=ERROR",
-            f"root@{ip}",
-            *command,
-        ]  # fmt: skip
+        return ssh_argv(
+            lp.ssh_key, lp.known_hosts, ip, *command, timeout=timeout, options=("LogLevel=ERROR",)
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +71,25 @@ class LabState:
 
     def save(self) -> None:
         write_json(self.paths.state_file, self.to_json())
+
+
+def ssh_argv(
+    key: Path, known_hosts: Path, ip: str, *command: str, timeout: int, options: tuple[str, ...] = ()
+) -> list[str]:
+    """ssh to a lab host as root with `key` alone, host keys checked against `known_hosts`, never asking
+    anything; `options`: more -o options."""
+    return [
+        "ssh",
+        "-i", str(key),
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "BatchMode=yes",
+        "-o", f"ConnectTimeout={timeout}",
+        *(arg for option in options for arg in ("-o", option)),
+        f"root@{ip}",
+        *command,
+    ]  # fmt: skip
 
 
 def write_json(path: Path, doc: Any, mode: int = 0o644) -> None:

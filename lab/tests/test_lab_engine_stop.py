@@ -69,11 +69,20 @@ def _still_running(dockerd: subprocess.Popen) -> bool:
     return dockerd.poll() is None and engine.started_by_gpuprov() == dockerd.pid
 
 
+def lab_down(
+    monkeypatch: pytest.MonkeyPatch, engine_ps: str, default_ps: str
+) -> tuple[fleet.DownReport, list[str]]:
+    """`lab down`, the engine gpuprov started listing `engine_ps` and the client's default one
+    `default_ps` (FAIL: the listing fails); its report and the progress it gave."""
+    monkeypatch.setenv("ENGINE_PS", engine_ps)
+    monkeypatch.setenv("DEFAULT_PS", default_ps)
+    messages: list[str] = []
+    return fleet.down(LAB, progress=messages.append), messages
+
+
 def test_a_container_of_someone_else_keeps_the_engine(lab_env, monkeypatch: pytest.MonkeyPatch) -> None:
     dockerd, _ = lab_env
-    monkeypatch.setenv("ENGINE_PS", "f00dcafe\n")
-    monkeypatch.setenv("DEFAULT_PS", "f00dcafe\n")
-    report = fleet.down(LAB)
+    report, _ = lab_down(monkeypatch, "f00dcafe\n", "f00dcafe\n")
     assert report.engine_stopped is False
     assert _still_running(dockerd)
 
@@ -82,10 +91,7 @@ def test_the_engine_asked_is_the_one_gpuprov_started(lab_env, monkeypatch: pytes
     """The client points elsewhere (DOCKER_HOST, a context) where nothing runs; the engine gpuprov
     started still runs someone's container: it stays up."""
     dockerd, calls = lab_env
-    monkeypatch.setenv("ENGINE_PS", "f00dcafe\n")
-    monkeypatch.setenv("DEFAULT_PS", "")
-    messages: list[str] = []
-    report = fleet.down(LAB, progress=messages.append)
+    report, messages = lab_down(monkeypatch, "f00dcafe\n", "")
     assert report.engine_stopped is False
     assert _still_running(dockerd)
     assert f"--host {STARTED_ENGINE} ps --all --quiet" in calls.read_text()
@@ -94,10 +100,7 @@ def test_the_engine_asked_is_the_one_gpuprov_started(lab_env, monkeypatch: pytes
 
 def test_an_engine_that_cannot_be_asked_keeps_running(lab_env, monkeypatch: pytest.MonkeyPatch) -> None:
     dockerd, _ = lab_env
-    monkeypatch.setenv("ENGINE_PS", "FAIL")
-    monkeypatch.setenv("DEFAULT_PS", "FAIL")
-    messages: list[str] = []
-    report = fleet.down(LAB, progress=messages.append)
+    report, messages = lab_down(monkeypatch, "FAIL", "FAIL")
     assert report.engine_stopped is False
     assert _still_running(dockerd)
     assert any("cannot tell whether anything uses it" in m for m in messages), messages
@@ -105,9 +108,7 @@ def test_an_engine_that_cannot_be_asked_keeps_running(lab_env, monkeypatch: pyte
 
 def test_an_idle_engine_gpuprov_started_is_stopped(lab_env, monkeypatch: pytest.MonkeyPatch) -> None:
     dockerd, _ = lab_env
-    monkeypatch.setenv("ENGINE_PS", "")
-    monkeypatch.setenv("DEFAULT_PS", "")
-    report = fleet.down(LAB)
+    report, _ = lab_down(monkeypatch, "", "")
     assert report.engine_stopped is True
     assert dockerd.poll() is not None or not os.path.exists(f"/proc/{dockerd.pid}")
     assert not (Path(os.environ["GPUPROV_LAB_STATE_ROOT"]) / "engine").exists()

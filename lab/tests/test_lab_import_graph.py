@@ -11,12 +11,10 @@ from pathlib import Path
 
 import gpuprov_lab
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from importgraph import cycles, imported_from, module_name
+
 ROOT = Path(gpuprov_lab.__file__).resolve().parent
-
-
-def _name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path, package: str) -> set[str]:
@@ -26,17 +24,14 @@ def _imports(path: Path, package: str) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = imported_from(node, package)
             names.update(f"{base}.{a.name}" for a in node.names)
             names.add(base)
     return names
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = {_name(p): p for p in ROOT.rglob("*.py")}
+    modules = {module_name(p, ROOT): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -46,35 +41,6 @@ def import_graph() -> dict[str, set[str]]:
             if t in modules and t != name and not (path.name == "__init__.py" and t.startswith(name + "."))
         }
     return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while (w := stack.pop()) != v:
-                component.append(w)
-            if component:
-                found.append(sorted([v, *component]))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def test_the_graph_is_read_right() -> None:

@@ -20,27 +20,7 @@ from sim_host import SimHost
 ROOT = Path(__file__).resolve().parents[2]
 H200 = "0x233510DE"
 
-CONFIG = textwrap.dedent(
-    """\
-    version: v1
-    mig-configs:
-      all-disabled:
-        - devices: all
-          mig-enabled: false
-      all-1g.18gb:
-        - device-filter: ["0x233510DE"]   # H200
-          devices: all
-          mig-enabled: true
-          mig-devices:
-            "1g.18gb": 7
-      mixed:
-        - devices: [0]
-          mig-enabled: true
-          mig-devices: {"1g.18gb": 2, "3g.71gb": 1, '2g.35gb': 1}
-        - devices: [1]
-          mig-enabled: false
-    """
-)
+CONFIG = (ROOT / "tests" / "fixtures" / "mig" / "layouts.yaml").read_text()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ make a run of playbooks/site.yml, which goes as every playbook verb's does (prov
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,11 @@ from provisioner.errors import EXIT_OK, InputError
 from provisioner.playbookverb.run import (
     FACTS_PLAY,
     PlaybookVerb,
+    RunControls,
     VerbResult,
-    choose_hosts,
+    choose_and_run,
     need_inventory,
-    open_inventory,
-    run,
 )
-from provisioner.runner import Event
 from provisioner.stages import STAGE_NAMES, STAGES, select_stages
 
 SITE_PLAYBOOK = PLAYBOOKS_DIR / "site.yml"
@@ -59,17 +56,10 @@ def run_bootstrap(
     only: list[str],
     skip: list[str],
     limit: str | None,
-    check: bool,
-    assume_yes: bool,
     retry_failed: bool,
-    forks: int,
-    on_event: Callable[[Event], None] | None = None,
-    notify: Callable[[str], None] | None = None,
-    confirm: Callable[[str], bool] | None = None,
+    controls: RunControls,
 ) -> VerbResult:
-    """The verb. Bad input raises InputError before any host is touched. `on_event` gets every playbook
-    event as it happens (the live progress), `notify` a line at each phase, `confirm` the question asked
-    before hosts are changed (None: nobody to ask, so only --yes goes on)."""
+    """The verb. Bad input raises InputError before any host is touched; `controls` are run.py's."""
     inventory = need_inventory(inventory)
     chosen = select_stages(only, skip)
     plays = [s for s in chosen if s in STAGE_NAMES]
@@ -82,21 +72,11 @@ def run_bootstrap(
         checks=lambda h: _check_ids(chosen, h),
         expects=chosen,
     )
-    inv = open_inventory(spec.playbook, inventory)
+    inv = spec.open_inventory(inventory)
     if retry_failed:
         limit = _retry_limit(inventory, limit)
         if limit is None:
-            if notify is not None:
-                notify("bootstrap: the last run left no failed host; nothing to retry")
+            if controls.notify is not None:
+                controls.notify("bootstrap: the last run left no failed host; nothing to retry")
             return VerbResult(EXIT_OK)
-    hosts = choose_hosts(inv, inventory, limit, chosen, check=check, assume_yes=assume_yes, confirm=confirm)
-    return run(
-        spec,
-        inventory=inventory,
-        hosts=hosts,
-        limit=limit,
-        check=check,
-        forks=forks,
-        on_event=on_event,
-        notify=notify,
-    )
+    return choose_and_run(spec, inv, inventory, limit, controls)

@@ -37,8 +37,9 @@ def node_object(facts: HostFacts, exp: Expectations) -> dict[str, Any]:
     return _node(facts, exp)
 
 
-@check("k8s.node_ready", probes=(KUBE_NODE,), severity="high", summary="the host's Kubernetes node is Ready")
+@check("k8s.node_ready", probes=(KUBE_NODE,), severity="high")
 def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """the host's Kubernetes node is Ready"""
     node = _node(facts, exp)
     name = (node.get("metadata") or {}).get("name", "?")
     conditions = (node.get("status") or {}).get("conditions") or []
@@ -53,13 +54,9 @@ def k8s_node_ready(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return [outcome(FAIL, f"node {name} not Ready ({ready.get('status')}): {why} {msg}".strip(), node=name)]
 
 
-@check(
-    "k8s.gpu_allocatable",
-    probes=(KUBE_NODE, HOST_FACTS, SMI_XML, SMI_LIST),
-    severity="high",
-    summary="allocatable nvidia.com/gpu = GPU count (× replicas; MIG devices by the MIG strategy)",
-)
+@check("k8s.gpu_allocatable", probes=(KUBE_NODE, HOST_FACTS, SMI_XML, SMI_LIST), severity="high")
 def k8s_gpu_allocatable(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """allocatable nvidia.com/gpu = GPU count (× replicas; MIG devices by the MIG strategy)"""
     node = _node(facts, exp)
     name = (node.get("metadata") or {}).get("name", "?")
     allocatable = (node.get("status") or {}).get("allocatable") or {}
@@ -202,13 +199,9 @@ def _declared_node_labels(
     return meta.get("name", "?"), meta.get("labels") or {}
 
 
-@check(
-    "gpu.sharing",
-    probes=(KUBE_NODE, HOST_FACTS),
-    severity="high",
-    summary="the node shares its GPUs as declared (gpu.sharing-strategy and gpu.replicas labels)",
-)
+@check("gpu.sharing", probes=(KUBE_NODE, HOST_FACTS), severity="high")
 def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """the node shares its GPUs as declared (gpu.sharing-strategy and gpu.replicas labels)"""
     name, labels = _declared_node_labels(
         facts, exp, exp.sharing_strategy, "GPU sharing", "gpu.sharing.strategy", "gpuprov_gpu_sharing"
     )
@@ -233,13 +226,9 @@ def gpu_sharing(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check(
-    "mig.config",
-    probes=(KUBE_NODE, HOST_FACTS, SMI_XML, SMI_LIST),
-    severity="high",
-    summary="the node's MIG layout is the declared one and the MIG manager reports success",
-)
+@check("mig.config", probes=(KUBE_NODE, HOST_FACTS, SMI_XML, SMI_LIST), severity="high")
 def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """the node's MIG layout is the declared one and the MIG manager reports success"""
     name, labels = _declared_node_labels(
         facts, exp, exp.mig_config, "MIG layout", "mig.config", "gpuprov_mig_config"
     )
@@ -310,13 +299,9 @@ def mig_config(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check(
-    "dcgm.diag",
-    probes=(DCGM_DIAG,),
-    severity="high",
-    summary="DCGM diagnostic level 1 passes (where dcgmi is installed)",
-)
+@check("dcgm.diag", probes=(DCGM_DIAG,), severity="high")
 def dcgm_diag(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """DCGM diagnostic level 1 passes (where dcgmi is installed)"""
     if not exp.dcgm_diag:
         return [outcome(SKIP, f"disabled by policy ({exp.source('dcgm.diag')})")]
     results = dcgm.diag_results(facts)
@@ -338,13 +323,9 @@ def dcgm_diag(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return [outcome(PASS, f"DCGM level 1: {sum(r.status == PASS for r in results)} results passed")]
 
 
-@check(
-    "container.smoke",
-    probes=(SMOKE,),
-    severity="high",
-    summary="a container sees the GPUs (docker run --gpus all IMAGE nvidia-smi -L)",
-)
+@check("container.smoke", probes=(SMOKE,), severity="high")
 def container_smoke(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """a container sees the GPUs (docker run --gpus all IMAGE nvidia-smi -L)"""
     if not exp.container_smoke_image:
         return [outcome(SKIP, "no container.smoke_image configured in the policy")]
     res = facts.result(SMOKE)

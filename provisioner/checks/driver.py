@@ -19,13 +19,9 @@ def _gpu_expected(facts: HostFacts) -> None:
             raise
 
 
-@check(
-    "driver.loaded",
-    probes=(HOST_FACTS, SMI_XML),
-    severity="critical",
-    summary="NVIDIA kernel module loaded and nvidia-smi answers",
-)
+@check("driver.loaded", probes=(HOST_FACTS, SMI_XML), severity="critical")
 def driver_loaded(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """NVIDIA kernel module loaded and nvidia-smi answers"""
     _gpu_expected(facts)
     problems: list[str] = []
     module = None
@@ -86,13 +82,9 @@ def version_matches(actual: str, expected: str) -> bool:
     return have[: len(want)] == want
 
 
-@check(
-    "driver.version",
-    probes=(SMI_XML, HOST_FACTS),
-    severity="high",
-    summary="driver version = policy (exact, or branch like 580)",
-)
+@check("driver.version", probes=(SMI_XML, HOST_FACTS), severity="high")
 def driver_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """driver version = policy (exact, or branch like 580)"""
     _gpu_expected(facts)
     actual = installed_version(facts)
     if exp.driver_version is None:
@@ -124,13 +116,9 @@ def driver_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check(
-    "driver.userspace_match",
-    probes=(HOST_FACTS, SMI_VERSION, SMI_XML),
-    severity="high",
-    summary="kernel module version = userspace (nvidia-smi/NVML) version",
-)
+@check("driver.userspace_match", probes=(HOST_FACTS, SMI_VERSION, SMI_XML), severity="high")
 def driver_userspace_match(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """kernel module version = userspace (nvidia-smi/NVML) version"""
     _gpu_expected(facts)
     try:
         kernel = host.kernel_driver(facts).version

@@ -6,10 +6,23 @@ pass finding that covers all of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 from typing import Any
 
-from provisioner.checks.model import ERROR, FAIL, PASS, SKIP, WARN, Finding, Unavailable, check, outcome
+from provisioner.checks.model import (
+    ERROR,
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    CheckFn,
+    Finding,
+    Unavailable,
+    check,
+    outcome,
+)
 from provisioner.expectations import Expectations
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.probes import host, kernel_log, smi
@@ -28,13 +41,31 @@ def _gpu_finding(status: str, gpu: SmiGpu, detail: str, **data: Any) -> Finding:
     )
 
 
+GpuCheckFn = Callable[[list[SmiGpu], Expectations], list[Finding]]
+
+
+def _gpu_check(check_id: str, *, severity: str) -> Callable[[GpuCheckFn], CheckFn]:
+    """Register a check of the GPUs the driver sees: it is given them, from nvidia-smi's XML (the PCI
+    list tells a host without GPUs, a skip, from a driver that sees none)."""
+
+    def register(judge: GpuCheckFn) -> CheckFn:
+        @wraps(judge)
+        def run(facts: HostFacts, exp: Expectations) -> list[Finding]:
+            return judge(smi.smi_gpus(facts), exp)
+
+        return check(check_id, probes=(PCI, SMI_XML), severity=severity)(run)
+
+    return register
+
+
 def _all_pass(gpus: list[SmiGpu], what: str) -> list[Finding]:
     n = len(gpus)
     return [outcome(PASS, f"{what} on {'the GPU' if n == 1 else f'all {n} GPUs'}")]
 
 
-@check("gpu.present", probes=(PCI,), severity="critical", summary="an NVIDIA GPU is on the PCI bus")
+@check("gpu.present", probes=(PCI,), severity="critical")
 def gpu_present(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """an NVIDIA GPU is on the PCI bus"""
     devices = host.pci(facts)
     gpus = host.pci_gpus(facts)
     if gpus:
@@ -53,13 +84,9 @@ def gpu_present(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check(
-    "gpu.count",
-    probes=(PCI, SMI_XML),
-    severity="critical",
-    summary="GPUs seen by the driver = NVIDIA GPUs on the PCI bus (= policy count)",
-)
+@check("gpu.count", probes=(PCI, SMI_XML), severity="critical")
 def gpu_count(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """GPUs seen by the driver = NVIDIA GPUs on the PCI bus (= policy count)"""
     pci = host.pci_gpus(facts)
     findings: list[Finding] = []
     if exp.gpu_count is not None and len(pci) != exp.gpu_count:
@@ -110,9 +137,9 @@ def gpu_count(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check("gpu.persistence", probes=(PCI, SMI_XML), severity="medium", summary="persistence mode enabled")
-def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.persistence", severity="medium")
+def gpu_persistence(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
+    """persistence mode enabled"""
     want = True if exp.gpu_persistence is None else exp.gpu_persistence
     want_text = "Enabled" if want else "Disabled"
     findings: list[Finding] = []
@@ -131,14 +158,9 @@ def gpu_persistence(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return findings or _all_pass(gpus, f"persistence mode {want_text}")
 
 
-@check(
-    "gpu.ecc",
-    probes=(PCI, SMI_XML),
-    severity="high",
-    summary="ECC enabled where expected; no volatile uncorrectable ECC errors",
-)
-def gpu_ecc(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.ecc", severity="high")
+def gpu_ecc(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
+    """ECC enabled where expected; no volatile uncorrectable ECC errors"""
     findings: list[Finding] = []
     for g in gpus:
         counted = _volatile_uncorrectable(g)
@@ -225,14 +247,9 @@ def _volatile_uncorrectable(gpu: SmiGpu) -> _VolatileCount:
     return _VolatileCount(total, missing)
 
 
-@check(
-    "gpu.memory_remap",
-    probes=(PCI, SMI_XML),
-    severity="high",
-    summary="no pending row remap (warn), no remap failure (fail); no pending page retirement",
-)
-def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.memory_remap", severity="high")
+def gpu_memory_remap(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
+    """no pending row remap (warn), no remap failure (fail); no pending page retirement"""
     findings: list[Finding] = []
     evaluated = 0
     for g in gpus:
@@ -263,14 +280,9 @@ def gpu_memory_remap(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return _all_pass(gpus, "no pending or failed row remaps")
 
 
-@check(
-    "gpu.pcie_link",
-    probes=(PCI, SMI_XML),
-    severity="medium",
-    summary="PCIe link at its maximum generation and width",
-)
-def gpu_pcie_link(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.pcie_link", severity="medium")
+def gpu_pcie_link(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
+    """PCIe link at its maximum generation and width"""
     findings: list[Finding] = []
     notes: list[str] = []
     unknown = 0
@@ -316,14 +328,9 @@ _SLOWDOWN = {
 }
 
 
-@check(
-    "gpu.throttle",
-    probes=(PCI, SMI_XML),
-    severity="medium",
-    summary="no hardware slowdown, thermal or power-brake clock reason active",
-)
-def gpu_throttle(facts: HostFacts, exp: Expectations) -> list[Finding]:
-    gpus = smi.smi_gpus(facts)
+@_gpu_check("gpu.throttle", severity="medium")
+def gpu_throttle(gpus: list[SmiGpu], exp: Expectations) -> list[Finding]:
+    """no hardware slowdown, thermal or power-brake clock reason active"""
     findings: list[Finding] = []
     if all(not g.event_reasons for g in gpus):
         raise Unavailable(ERROR, "nvidia-smi reported no clocks event (throttle) reasons")
@@ -371,13 +378,9 @@ def xid_name(xid: int) -> str:
     return XID_NAMES.get(xid, "see NVIDIA's Xid catalogue")
 
 
-@check(
-    "gpu.xid",
-    probes=(KERNEL_LOG, PCI, SMI_XML),
-    severity="high",
-    summary="no NVRM Xid in this boot's kernel log (severity by Xid)",
-)
+@check("gpu.xid", probes=(KERNEL_LOG, PCI, SMI_XML), severity="high")
 def gpu_xid(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """no NVRM Xid in this boot's kernel log (severity by Xid)"""
     events = kernel_log.xids(facts)
     ignored = set(exp.xid_ignore)
     by_gpu: dict[tuple[int | None, str], list[int]] = {}

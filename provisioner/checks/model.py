@@ -81,15 +81,16 @@ class Check:
 REGISTRY: dict[str, Check] = {}
 
 
-def check(
-    check_id: str, *, probes: tuple[str, ...], severity: str, summary: str
-) -> Callable[[CheckFn], CheckFn]:
-    """Register a check; ids are the stable ones of the host-snapshot contract."""
+def check(check_id: str, *, probes: tuple[str, ...], severity: str) -> Callable[[CheckFn], CheckFn]:
+    """Register a check; ids are the stable ones of the host-snapshot contract. The function's docstring
+    is the check's summary: what it finds fine."""
 
     def register(fn: CheckFn) -> CheckFn:
         if check_id in REGISTRY:
             raise ValueError(f"duplicate check id {check_id}")
-        REGISTRY[check_id] = Check(check_id, probes, severity, summary, fn)
+        if not fn.__doc__:
+            raise ValueError(f"check {check_id} has no docstring to summarise it")
+        REGISTRY[check_id] = Check(check_id, probes, severity, " ".join(fn.__doc__.split()), fn)
         return fn
 
     return register

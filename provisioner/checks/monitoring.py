@@ -57,13 +57,9 @@ def _where(exp: Expectations) -> str:
     return f"node label {DEPLOY_LABEL}=true, set by the GPU Operator"
 
 
-@check(
-    "monitoring.dcgm_exporter",
-    probes=(DCGM_EXPORTER, KUBE_NODE, HOST_FACTS, SMI_XML),
-    severity="medium",
-    summary="the node's DCGM exporter serves utilization, memory, temperature and Xid series for every GPU",
-)
+@check("monitoring.dcgm_exporter", probes=(DCGM_EXPORTER, KUBE_NODE, HOST_FACTS, SMI_XML), severity="medium")
 def dcgm_exporter(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """the node's DCGM exporter serves utilization, memory, temperature and Xid series for every GPU"""
     node, _ = _expected(facts, exp)
     where = f"({_where(exp)})"
     probe = exporter.exporter_probe(facts)

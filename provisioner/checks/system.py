@@ -16,8 +16,9 @@ from provisioner.probes.packages import APT_HOLDS, PACKAGES
 from provisioner.probes.system import OS_RELEASE, SERVICE_PROCESSES, SERVICES
 
 
-@check("os.supported", probes=(OS_RELEASE,), severity="high", summary="OS and version in the supported set")
+@check("os.supported", probes=(OS_RELEASE,), severity="high")
 def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """OS and version in the supported set"""
     osr = system.os_release(facts)
     ident = osr.get("ID", "").lower()
     version = osr.get("VERSION_ID", "")
@@ -37,13 +38,9 @@ def os_supported(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
-@check(
-    "cuda.version",
-    probes=(NVCC_VERSION, PACKAGES),
-    severity="medium",
-    summary="CUDA toolkit at /usr/local/cuda present and = policy",
-)
+@check("cuda.version", probes=(NVCC_VERSION, PACKAGES), severity="medium")
 def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """CUDA toolkit at /usr/local/cuda present and = policy"""
     toolkit = cuda.toolkit(facts)
     want = exp.cuda_version
     if toolkit is None:
@@ -93,17 +90,23 @@ def cuda_version(facts: HostFacts, exp: Expectations) -> list[Finding]:
     ]
 
 
+def _declared(exp: Expectations, key: str, none_expected: str) -> tuple[list[str], str]:
+    """What the policy lists for `key` and where it says so; skip (`none_expected`) when the list is
+    empty."""
+    wanted = list(getattr(exp, key.replace(".", "_")))
+    where = exp.source(key)
+    if not wanted:
+        raise Unavailable(SKIP, f"{none_expected} ({where})")
+    return wanted, where
+
+
 # Kubernetes' own install guide holds these; the kubernetes role pins and holds them.
 _K8S_HELD = ("kubeadm", "kubelet", "kubectl")
 
 
-@check(
-    "packages.held",
-    probes=(APT_HOLDS, PACKAGES),
-    severity="medium",
-    summary="packages that must not move on apt upgrade are held",
-)
+@check("packages.held", probes=(APT_HOLDS, PACKAGES), severity="medium")
 def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """packages that must not move on apt upgrade are held"""
     holds = packages.holds(facts)
     installed = packages.installed(facts)
     if exp.packages_held is None:
@@ -115,10 +118,7 @@ def packages_held(facts: HostFacts, exp: Expectations) -> list[Finding]:
             held = ", ".join(sorted(holds)) or "none"
             return [outcome(SKIP, f"no expected holds (packages.held in a policy); held now: {held}")]
     else:
-        wanted = exp.packages_held
-        where = exp.source("packages.held")
-        if not wanted:
-            return [outcome(SKIP, f"no package expected held ({where})")]
+        wanted, where = _declared(exp, "packages.held", "no package expected held")
     not_held: list[str] = []
     absent: list[str] = []
     for pattern in wanted:
@@ -159,12 +159,10 @@ def _expected_services(facts: HostFacts) -> tuple[list[str], str]:
 
 
 @check(
-    "services.active",
-    probes=(SERVICES, SERVICE_PROCESSES, PACKAGES, HOST_FACTS, KUBE_NODE),
-    severity="high",
-    summary="expected services active",
+    "services.active", probes=(SERVICES, SERVICE_PROCESSES, PACKAGES, HOST_FACTS, KUBE_NODE), severity="high"
 )
 def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """expected services active"""
     if exp.services_active is None:
         wanted, where = _expected_services(facts)
         if not wanted:
@@ -176,9 +174,7 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
                 )
             ]
     else:
-        wanted, where = list(exp.services_active), exp.source("services.active")
-        if not wanted:
-            return [outcome(SKIP, f"no service expected active ({where})")]
+        wanted, where = _declared(exp, "services.active", "no service expected active")
     states, how = system.services(facts)
     inactive = [u for u in wanted if not states.get(u, False)]
     judged = "" if how == "systemd" else f"; judged by running processes ({how})"
@@ -187,13 +183,9 @@ def services_active(facts: HostFacts, exp: Expectations) -> list[Finding]:
     return [outcome(PASS, f"active: {', '.join(wanted)} ({where}){judged}")]
 
 
-@check(
-    "container_toolkit.runtime",
-    probes=(DOCKER_DAEMON, CONTAINERD_DUMP, PACKAGES),
-    severity="high",
-    summary="nvidia runtime configured for docker / containerd",
-)
+@check("container_toolkit.runtime", probes=(DOCKER_DAEMON, CONTAINERD_DUMP, PACKAGES), severity="high")
 def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """nvidia runtime configured for docker / containerd"""
     installed = packages.installed(facts)
     if exp.container_toolkit_runtime is None:
         if "nvidia-container-toolkit" not in installed:
@@ -218,10 +210,9 @@ def container_toolkit_runtime(facts: HostFacts, exp: Expectations) -> list[Findi
                 )
             ]
     else:
-        engines = list(exp.container_toolkit_runtime)
-        where = exp.source("container_toolkit.runtime")
-        if not engines:
-            return [outcome(SKIP, f"no container engine expected to have the nvidia runtime ({where})")]
+        engines, where = _declared(
+            exp, "container_toolkit.runtime", "no container engine expected to have the nvidia runtime"
+        )
     missing: list[str] = []
     configured: list[str] = []
     for engine in engines:

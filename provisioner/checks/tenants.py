@@ -138,13 +138,9 @@ def _pool_problems(tenant: Tenant, annotations: dict[str, Any]) -> list[str]:
     return problems
 
 
-@check(
-    "tenants.quota",
-    probes=(KUBE_TENANTS,),
-    severity="medium",
-    summary="each declared GPU tenant has its namespace, GPU ResourceQuota, LimitRange and node pool",
-)
+@check("tenants.quota", probes=(KUBE_TENANTS,), severity="medium")
 def tenants_quota(facts: HostFacts, exp: Expectations) -> list[Finding]:
+    """each declared GPU tenant has its namespace, GPU ResourceQuota, LimitRange and node pool"""
     if not exp.tenants:
         raise Unavailable(
             SKIP, "no tenants declared (tenants.quota in a policy, gpuprov_tenants in the inventory)"

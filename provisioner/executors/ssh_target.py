@@ -14,24 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.sshaccess import SshAccess
 from provisioner.yamlfile import read_operator_file
 
 
 @dataclass(frozen=True)
-class SshTarget:
+class SshTarget(SshAccess):
     """What SshExecutor needs to reach a host; built from an inventory HostSpec and ssh_config.
 
     `identity_files` are ssh_config's IdentityFile lines (tried after `private_key_file`); `jump` lists the
     jump hosts (bastions) to go through, first hop first, each a target of its own.
     """
 
-    name: str
-    address: str
-    port: int = 22
-    user: str = "root"
-    private_key_file: Path | None = None
-    known_hosts_file: Path | None = None
-    strict_host_key_checking: bool = True
     # StrictHostKeyChecking=accept-new, as OpenSSH does it: a host not in known_hosts is recorded there
     # on first contact; a known host whose key changed is refused.
     accept_new: bool = False

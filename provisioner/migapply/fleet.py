@@ -19,7 +19,6 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,21 +130,16 @@ def parse_gpu_clients(text: str) -> tuple[str, ...]:
     return tuple(names[:64])
 
 
-class MigFleet(SshFleet):
+class MigFleet(SshFleet[MigProbe]):
     """GPU hosts over SSH; the cluster through kubectl on the first control-plane host."""
 
     kube: KubectlOverSsh  # mig apply needs a control plane: the verb refuses an inventory without one
+    probe_threads = "gpuprov-mig"
 
     def __init__(
-        self,
-        *,
-        hosts: Sequence[Any],
-        control_plane: Any,
-        namespace: str,
-        connect_timeout: float = 10.0,
-        poll_s: float = 2.0,
+        self, *, hosts: Sequence[Any], control_plane: Any, namespace: str, poll_s: float = 2.0
     ) -> None:
-        super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
+        super().__init__(hosts, control_plane, annotation=ANNOTATION)
         self.namespace = namespace
         self.poll_s = poll_s
 
@@ -174,12 +168,6 @@ class MigFleet(SshFleet):
         except ValueError as exc:
             probe.error = str(exc)
         return probe
-
-    def probe(self, hosts: Sequence[str]) -> dict[str, MigProbe]:
-        if len(hosts) == 1:
-            return {hosts[0]: self._probe_one(hosts[0])}
-        with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-mig") as pool:
-            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
 
     # -- the cluster
 

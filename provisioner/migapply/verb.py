@@ -37,15 +37,7 @@ from provisioner.migapply.rollout import (
     MigRollout,
     devices_problem,
 )
-from provisioner.rollout.engine import (
-    RolloutOutcome,
-    begin_new_run,
-    execute,
-    exit_code,
-    host_row,
-    start_or_resume,
-    summary,
-)
+from provisioner.rollout.engine import begin_new_run, execute, exit_code, start_or_resume, summary
 from provisioner.rollout.model import ProgressFn, StepFailed
 from provisioner.rollout.plan import (
     CHANGE,
@@ -58,7 +50,7 @@ from provisioner.rollout.plan import (
     first_control_plane,
     parse_batch,
 )
-from provisioner.rollout.state import CHANGED, FINAL_OK, RolloutState, inventory_lock, resumable
+from provisioner.rollout.state import CHANGED, FINAL_OK, HostState, RolloutState, inventory_lock, resumable
 
 MIG_PARTED_ENV = "GPUPROV_MIG_PARTED"
 
@@ -217,7 +209,7 @@ def run_mig_apply(
             outcome = execute(rollout, resumed=resume)
         finally:
             fleet.close()
-    result = _summary(state, outcome)
+    result = summary(state, outcome, "declared layouts", _said)
     result["notes"] = notes
     records.write_json(state.path.parent / "summary.json", result)
     return MigResult(exit_code(state, outcome), summary=result, notes=notes)
@@ -337,15 +329,11 @@ def _render_plan(plan: Plan, options: MigOptions, probes: dict[str, MigProbe]) -
     return "\n".join(lines) + "\n"
 
 
-def _summary(state: RolloutState, outcome: RolloutOutcome) -> dict[str, Any]:
-    rows = [
-        host_row(
-            name,
-            s,
-            result="applied" if s.result == CHANGED else s.result,
-            to=s.after,
-            cordoned=s.cordoned_by_us or (s.result not in FINAL_OK and bool(s.node)),
-        )
-        for name, s in state.hosts.items()
-    ]
-    return summary(state, outcome, "declared layouts", rows)
+def _said(s: HostState) -> dict[str, Any]:
+    """A host's row of the summary: its result in this verb's word, its layout, and whether its node is
+    left cordoned."""
+    return {
+        "result": "applied" if s.result == CHANGED else s.result,
+        "to": s.after,
+        "cordoned": s.cordoned_by_us or (s.result not in FINAL_OK and bool(s.node)),
+    }

@@ -4,20 +4,17 @@ their GPU quotas)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.playbookverb.run import (
     PlaybookVerb,
+    RunControls,
     VerbResult,
-    choose_hosts,
+    choose_and_run,
     need_inventory,
-    open_inventory,
-    run,
 )
-from provisioner.runner import Event
 from provisioner.stages import VERIFY
 
 
@@ -63,32 +60,10 @@ DAY2: dict[str, Day2Entry] = {
 }
 
 
-def run_day2(
-    name: str,
-    *,
-    inventory: Path | None,
-    check: bool,
-    assume_yes: bool,
-    forks: int,
-    on_event: Callable[[Event], None] | None = None,
-    notify: Callable[[str], None] | None = None,
-    confirm: Callable[[str], bool] | None = None,
-) -> VerbResult:
+def run_day2(name: str, *, inventory: Path | None, controls: RunControls) -> VerbResult:
     """A day-2 verb (DAY2's `name`) on every host of the inventory. Bad input raises InputError before any
-    host is touched; `on_event`, `notify` and `confirm` are run.py's and choose_hosts's."""
+    host is touched; `controls` are run.py's."""
     inventory = need_inventory(inventory)
     spec = DAY2[name].spec()
-    inv = open_inventory(spec.playbook, inventory)
-    hosts = choose_hosts(
-        inv, inventory, None, spec.stages, check=check, assume_yes=assume_yes, confirm=confirm
-    )
-    return run(
-        spec,
-        inventory=inventory,
-        hosts=hosts,
-        limit=None,
-        check=check,
-        forks=forks,
-        on_event=on_event,
-        notify=notify,
-    )
+    inv = spec.open_inventory(inventory)
+    return choose_and_run(spec, inv, inventory, None, controls)

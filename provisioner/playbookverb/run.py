@@ -34,6 +34,29 @@ class PlaybookVerb:
     checks: Callable[[Any], list[str]]  # a host's verification check ids
     expects: list[str]  # the stages whose settings verification expects on the hosts
 
+    def open_inventory(self, inventory: Path) -> Any:
+        """The inventory, once the playbook is known to be there."""
+        from provisioner.inventory import load_inventory
+
+        if not self.playbook.is_file():
+            raise InputError(f"{self.playbook}: playbook missing from this installation")
+        return load_inventory(inventory)
+
+
+@dataclass(frozen=True)
+class RunControls:
+    """How a playbook verb's run goes, as the command line asks: check mode or a change, the go-ahead to
+    change hosts (`assume_yes`, else `confirm` answering yes; None: nobody to ask), the hosts worked on at
+    once, and where the run is shown: `on_event` gets every playbook event as it happens (the live
+    progress), `notify` a line at each phase."""
+
+    check: bool
+    assume_yes: bool
+    forks: int
+    on_event: Callable[[Event], None] | None = None
+    notify: Callable[[str], None] | None = None
+    confirm: Callable[[str], bool] | None = None
+
 
 @dataclass
 class VerbResult:
@@ -157,68 +180,52 @@ def need_inventory(inventory: Path | None) -> Path:
     return inventory
 
 
-def open_inventory(playbook: Path, inventory: Path) -> Any:
-    """The inventory, once the playbook is known to be there."""
-    from provisioner.inventory import load_inventory
-
-    if not playbook.is_file():
-        raise InputError(f"{playbook}: playbook missing from this installation")
-    return load_inventory(inventory)
-
-
 def choose_hosts(
-    inv: Any,
-    inventory: Path,
-    limit: str | None,
-    stages: list[str],
-    *,
-    check: bool,
-    assume_yes: bool,
-    confirm: Callable[[str], bool] | None,
+    inv: Any, inventory: Path, limit: str | None, stages: list[str], controls: RunControls
 ) -> list[Any]:
     """The hosts `limit` selects, their settings valid, and (unless in check mode) the go-ahead to change
-    them: --yes, or `confirm` answering yes (None: nobody to ask)."""
+    them: --yes, or `controls.confirm` answering yes (None: nobody to ask)."""
     hosts = inv.select(limit)
     if not hosts:
         raise InputError(f"{inventory}: no host selected" + (f" by --limit {limit}" if limit else ""))
     validate_inventory_settings(inv, hosts)
-    if check or assume_yes:
+    if controls.check or controls.assume_yes:
         return hosts
-    if confirm is None:
+    if controls.confirm is None:
         raise InputError(
             f"refusing to change {len(hosts)} host(s) without --yes (standard input is not a terminal)"
         )
     names = ", ".join(h.name for h in hosts[:8]) + (" ..." if len(hosts) > 8 else "")
-    if not confirm(f"Bootstrap {len(hosts)} host(s) ({names}) through {', '.join(stages)}?"):
+    if not controls.confirm(f"Bootstrap {len(hosts)} host(s) ({names}) through {', '.join(stages)}?"):
         raise InputError("not confirmed; nothing was changed")
     return hosts
+
+
+def choose_and_run(
+    spec: PlaybookVerb, inv: Any, inventory: Path, limit: str | None, controls: RunControls
+) -> VerbResult:
+    """The verb on the hosts `limit` selects, once choose_hosts has them: bad input raises InputError
+    before any host is touched."""
+    hosts = choose_hosts(inv, inventory, limit, spec.stages, controls)
+    return run(spec, inventory=inventory, hosts=hosts, limit=limit, controls=controls)
 
 
 # ------------------------------------------------------------------------------------------ the run
 
 
 def run(
-    spec: PlaybookVerb,
-    *,
-    inventory: Path,
-    hosts: list[Any],
-    limit: str | None,
-    check: bool,
-    forks: int,
-    on_event: Callable[[Event], None] | None = None,
-    notify: Callable[[str], None] | None = None,
+    spec: PlaybookVerb, *, inventory: Path, hosts: list[Any], limit: str | None, controls: RunControls
 ) -> VerbResult:
-    """Run the playbook on the chosen hosts, then verify them. `on_event` gets every playbook event as it
-    happens (the live progress), `notify` a line at each phase."""
-    say = notify or (lambda text: None)
+    """Run the playbook on the chosen hosts, then verify them."""
+    say = controls.notify or (lambda text: None)
     record = records.new_record(spec.verb)
     command = {
         "verb": spec.verb,
         "inventory": str(inventory.resolve()),
         "stages": spec.stages,
         "limit": limit,
-        "check": check,
-        "forks": forks,
+        "check": controls.check,
+        "forks": controls.forks,
         "hosts": [h.name for h in hosts],
     }
     records.write_json(record / "command.json", command)
@@ -233,12 +240,12 @@ def run(
         shown = {FACTS_PLAY, *spec.plays}
 
         def on_playbook_event(event: Event) -> None:
-            if check and event.changed and event.host:
+            if controls.check and event.changed and event.host:
                 changes.setdefault(event.host, []).append(
                     {"stage": event.stage or "-", "task": event.task or "-", "diff": event.diff}
                 )
-            if on_event is not None:
-                on_event(event)
+            if controls.on_event is not None:
+                controls.on_event(event)
 
         result = run_playbook(
             spec.playbook,
@@ -246,8 +253,8 @@ def run(
             record_dir=record,
             limit=limit,
             tags=spec.tags,
-            check=check,
-            forks=forks,
+            check=controls.check,
+            forks=controls.forks,
             on_event=on_playbook_event,
         )
         interrupted = result.interrupted
@@ -282,7 +289,7 @@ def run(
 
     verify_report: dict[str, Any] = {}
     verify_s = 0.0
-    if VERIFY in spec.stages and not check and not interrupted:
+    if VERIFY in spec.stages and not controls.check and not interrupted:
         ready = [h for h in hosts if outcomes[h.name].status == "done"]
         if ready:
             say(f"{spec.verb}: verifying {len(ready)} host(s)")
@@ -304,7 +311,7 @@ def run(
         "verb": spec.verb,
         "inventory": command["inventory"],
         "record": str(record),
-        "check": check,
+        "check": controls.check,
         "stages": spec.stages,
         "interrupted": interrupted,
         "hosts": [outcomes[h.name].to_dict() for h in hosts],
@@ -315,7 +322,7 @@ def run(
     }
     if verify_report:
         records.write_json(record / "verify.json", {n: hr.to_dict() for n, hr in verify_report.items()})
-    if check:
+    if controls.check:
         # What check mode found would change, per host and task, with the diffs Ansible gave. A host
         # whose run did not finish is listed only with what it found before: an empty list would read
         # as "nothing would change" where nothing could be checked.

@@ -22,6 +22,7 @@ RC_NOT_APPLICABLE = 200
 SKIP, ERROR = "skip", "error"
 
 T = TypeVar("T")
+D = TypeVar("D")
 _MISSING = object()
 
 
@@ -36,6 +37,14 @@ class Unavailable(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+def or_default(read: Callable[[], T], default: D) -> T | D:
+    """What `read` returns, or `default` where the fact it reads is unavailable."""
+    try:
+        return read()
+    except Unavailable:
+        return default
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from provisioner.probes.base import ParseError
 
 @dataclass(frozen=True)
 class Sample:
-    """One sample of the Prometheus text exposition format."""
+    """One sample of the Prometheus text exposition format: a series (the metric's name and its labels),
+    its value, and the line of the page it was read on."""
 
     name: str
     labels: dict[str, str]

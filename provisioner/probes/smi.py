@@ -333,6 +333,12 @@ def smi_no_devices(facts: HostFacts) -> bool:
     return bool(res and res.rc not in (None, 0) and "No devices were found" in (res.stdout + res.stderr))
 
 
+def _require_nvidia_smi(res: ProbeResult) -> None:
+    """Skip, pointing at driver.loaded, where the shell found no nvidia-smi to run."""
+    if res.rc == 127:
+        raise Unavailable(SKIP, "nvidia-smi not found: driver not installed (see driver.loaded)")
+
+
 def smi_log(facts: HostFacts) -> SmiLog:
     """nvidia-smi -q -x, parsed. Skips (pointing at driver.loaded) when the driver is not working."""
 
@@ -340,8 +346,7 @@ def smi_log(facts: HostFacts) -> SmiLog:
         res = smi_result(facts)
         if smi_no_devices(facts):
             return SmiLog(None, None, 0, [])
-        if res.rc == 127:
-            raise Unavailable(SKIP, "nvidia-smi not found: driver not installed (see driver.loaded)")
+        _require_nvidia_smi(res)
         if not res.ok:
             raise Unavailable(SKIP, f"nvidia-smi failed (see driver.loaded): {res.reason()}")
         return parse_nvidia_smi_xml(res.stdout)
@@ -421,8 +426,7 @@ def nvlink_status(facts: HostFacts) -> dict[int, NvlinkGpu]:
 
     def load() -> dict[int, NvlinkGpu]:
         res = facts.result(SMI_NVLINK)
-        if res.rc == 127:
-            raise Unavailable(SKIP, "nvidia-smi not found: driver not installed (see driver.loaded)")
+        _require_nvidia_smi(res)
         if not res.ok:
             raise Unavailable(ERROR, f"nvidia-smi nvlink -s failed: {res.reason()}")
         return parse_nvlink_status(res.stdout)

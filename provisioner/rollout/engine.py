@@ -207,6 +207,17 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
                 _, pending = wait_futures(pending, timeout=0.5)
             return {futures[f]: f.result() for f in futures}
 
+    def _carry_on(self, hosts: list[str]) -> bool:
+        """Whether the wave goes on to its next step with `hosts`: not with none, nor once the run is
+        interrupted (they end as interrupted)."""
+        if not hosts:
+            return False
+        if self.interrupted.is_set():
+            for h in hosts:
+                self._end_interrupted(h)
+            return False
+        return True
+
     def _run_wave(self, hosts: list[str]) -> None:
         for h in hosts:
             self.state.start(h)
@@ -214,11 +225,7 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
         probes = self._guard_probe(hosts)
         ready_flags = self._parallel(hosts, lambda h: self._guard(h, lambda: self._prepare(h, probes[h])))
         ready = [h for h in hosts if ready_flags.get(h)]
-        if not ready:
-            return
-        if self.interrupted.is_set():
-            for h in ready:
-                self._end_interrupted(h)
+        if not self._carry_on(ready):
             return
         results = self._change(ready)
         verify: list[str] = []
@@ -233,11 +240,7 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
                 self._leave_cordoned(h, REBOOT_PENDING, res.reason)
             else:
                 self._leave_cordoned(h, FAILED, res.reason)
-        if not verify:
-            return
-        if self.interrupted.is_set():
-            for h in verify:
-                self._end_interrupted(h)
+        if not self._carry_on(verify):
             return
         for h in verify:
             self._step(h, VERIFYING)
@@ -549,9 +552,11 @@ def host_row(
 
 
 def summary(
-    state: RolloutState, outcome: RolloutOutcome, target: str, hosts: list[dict[str, Any]]
+    state: RolloutState, outcome: RolloutOutcome, target: str, said: Callable[[HostState], Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The run's summary (stdout and summary.json): its hosts' rows, totals by result, how it ended."""
+    """The run's summary (stdout and summary.json): its hosts' rows, totals by result, how it ended. A
+    host's row is its state's, with what the verb `said` of it: its result, `to` and `cordoned`."""
+    hosts = [host_row(name, s, **said(s)) for name, s in state.hosts.items()]
     totals: dict[str, int] = {}
     for h in hosts:
         totals[str(h["result"])] = totals.get(str(h["result"]), 0) + 1

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
 
 from provisioner.executors import OpenConnections, SshExecutor, SshTarget
 from provisioner.hosttext import short_safe_text
@@ -15,11 +16,15 @@ from provisioner.rollout.kube import KubectlOverSsh, valid_node_name
 
 # /etc/machine-id: 32 lower-case hex digits (systemd's machine-id(5)).
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+P = TypeVar("P")  # what probing one host gives
 
 
-class SshFleet:
+class SshFleet(Generic[P]):
     """The hosts (inventory HostSpecs by name) and, when the inventory has one, the control plane.
-    `annotation` is the node annotation the change writes its reason to when it leaves a node out."""
+    `annotation` is the node annotation the change writes its reason to when it leaves a node out.
+    A change's fleet says how one host is probed (`_probe_one`); `probe` probes them in parallel."""
+
+    probe_threads = "gpuprov-probe"  # the name of the threads that probe hosts
 
     def __init__(
         self,
@@ -49,6 +54,18 @@ class SshFleet:
         finally:
             self._live.discard(ex)
             ex.close()
+
+    def _probe_one(self, name: str) -> P:
+        raise NotImplementedError
+
+    def probe(self, hosts: Sequence[str]) -> dict[str, P]:
+        """Each host's probe, up to 50 hosts at once."""
+        if len(hosts) == 1:
+            return {hosts[0]: self._probe_one(hosts[0])}
+        with ThreadPoolExecutor(
+            max_workers=min(len(hosts), 50), thread_name_prefix=self.probe_threads
+        ) as pool:
+            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
 
     def interrupt(self) -> None:
         self._live.close_all()

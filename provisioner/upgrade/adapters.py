@@ -12,7 +12,6 @@ playbooks/upgrade_driver.yml (the nvidia_driver role, the same code bootstrap ru
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,14 @@ from provisioner.executors import ExecutorError
 from provisioner.expectations import Expectations
 from provisioner.mig import parse_mig_devices
 from provisioner.probes import kernel_log, smi
-from provisioner.probes.base import ProbeResult, Unavailable
+from provisioner.probes.base import ProbeResult, or_default
 from provisioner.probes.host import HOST_FACTS, pci_gpus
 from provisioner.probes.kernel_log import KERNEL_LOG
 from provisioner.probes.smi import SMI_XML
 from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.model import ChangeOutcome
 from provisioner.upgrade.plan import DriverProbe, DriverTarget
-from provisioner.upgrade.rollout import ANNOTATION, INSTALLING, REBOOTING, RELOADING, STOPPING
+from provisioner.upgrade.rollout import ANNOTATION, INSTALLING, REBOOTING, RELOADING, STOPPING, StepFn
 
 PLAYBOOK = PLAYBOOKS_DIR / "upgrade_driver.yml"
 # The playbook reports its progress through these facts (a step name, a reboot's reason).
@@ -53,29 +52,13 @@ NOTES = {
 def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str | None) -> DriverProbe:
     """A DriverProbe from raw probe results (pure: tested on recorded hosts)."""
     facts = HostFacts(host, results)
-    try:
-        loaded: str | None = installed_version(facts)
-    except Unavailable:
-        loaded = None
-    try:
-        pci = len(pci_gpus(facts))
-    except Unavailable:
-        pci = 0
-    try:
-        driver: int | None = len(smi.smi_log(facts).gpus)
-    except Unavailable:
-        driver = None
-    try:
-        xids = tuple(e.line for e in kernel_log.xids(facts))
-    except Unavailable:
-        xids = ()
     loaded_check = evaluate(facts, Expectations(), ["driver.loaded"])[0]
     return DriverProbe(
         host=host,
-        loaded=loaded,
-        gpus_pci=pci,
-        gpus_driver=driver,
-        xids=xids,
+        loaded=or_default(lambda: installed_version(facts), None),
+        gpus_pci=or_default(lambda: len(pci_gpus(facts)), 0),
+        gpus_driver=or_default(lambda: len(smi.smi_log(facts).gpus), None),
+        xids=or_default(lambda: tuple(e.line for e in kernel_log.xids(facts)), ()),
         node=node,
         driver_ok=loaded_check.status == PASS,
         driver_detail=loaded_check.detail,
@@ -85,8 +68,10 @@ def probe_from_results(host: str, results: Mapping[str, ProbeResult], node: str 
 # -------------------------------------------------------------------------------------------- fleet
 
 
-class RealFleet(SshFleet):
+class RealFleet(SshFleet[DriverProbe]):
     """GPU hosts over SSH and ansible-runner; the cluster through kubectl on the control plane."""
+
+    probe_timeout = 180.0  # seconds for a host's probes
 
     def __init__(
         self,
@@ -97,15 +82,12 @@ class RealFleet(SshFleet):
         record: Path | None,
         install_version: str,
         progress: Callable[[str | None, str], None],
-        connect_timeout: float = 10.0,
-        probe_timeout: float = 180.0,
     ) -> None:
-        super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
+        super().__init__(hosts, control_plane, annotation=ANNOTATION)
         self.inventory_path = inventory_path
         self.record = record
         self.install_version = install_version
         self.progress = progress
-        self.probe_timeout = probe_timeout
         self._installs = 0
 
     # -- probes
@@ -129,12 +111,6 @@ class RealFleet(SshFleet):
         node = who.pop("node")
         return replace(probe_from_results(name, results, node), **who, mig_devices=mig_devices)
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, DriverProbe]:
-        if len(hosts) == 1:
-            return {hosts[0]: self._probe_one(hosts[0])}
-        with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-probe") as pool:
-            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
-
     # -- the driver change
 
     def extravars(self, target: DriverTarget, reboot_allowed: bool) -> dict[str, Any]:
@@ -150,12 +126,7 @@ class RealFleet(SshFleet):
         }
 
     def upgrade(
-        self,
-        hosts: Sequence[str],
-        target: DriverTarget,
-        *,
-        reboot_allowed: bool,
-        on_step: Callable[[str, str], None],
+        self, hosts: Sequence[str], target: DriverTarget, *, reboot_allowed: bool, on_step: StepFn
     ) -> dict[str, ChangeOutcome]:
         from provisioner.runner import Event, run_playbook
 

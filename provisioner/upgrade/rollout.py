@@ -54,16 +54,16 @@ ANNOTATION = "gpuprov.io/driver-upgrade"  # on a node left cordoned: why
 DEFAULT_OPERAND_TIMEOUT = 300.0  # for the operands to leave, and for a MIG layout to come back
 
 
+StepFn = Callable[[str, str], None]
+"""A host's driver change reaching a step: (host, step), the step stopping, installing, reloading or
+rebooting."""
+
+
 class DriverFleet(Fleet, Protocol):
     """The GPU hosts, probed for their driver, and the driver change on a batch of them."""
 
     def upgrade(
-        self,
-        hosts: Sequence[str],
-        target: DriverTarget,
-        *,
-        reboot_allowed: bool,
-        on_step: Callable[[str, str], None],
+        self, hosts: Sequence[str], target: DriverTarget, *, reboot_allowed: bool, on_step: StepFn
     ) -> dict[str, ChangeOutcome]: ...
 
 

@@ -16,15 +16,7 @@ from typing import Any
 from provisioner import records
 from provisioner.content import role_default
 from provisioner.errors import EXIT_FAILED, EXIT_OK, InputError
-from provisioner.rollout.engine import (
-    RolloutOutcome,
-    begin_new_run,
-    execute,
-    exit_code,
-    host_row,
-    start_or_resume,
-    summary,
-)
+from provisioner.rollout.engine import begin_new_run, execute, exit_code, start_or_resume, summary
 from provisioner.rollout.model import DEFAULT_DRAIN_TIMEOUT, ProgressFn
 from provisioner.rollout.plan import (
     BatchSize,
@@ -34,7 +26,7 @@ from provisioner.rollout.plan import (
     first_control_plane,
     parse_batch,
 )
-from provisioner.rollout.state import CHANGED, RolloutState, inventory_lock, resumable
+from provisioner.rollout.state import CHANGED, HostState, RolloutState, inventory_lock, resumable
 from provisioner.upgrade.plan import DriverTarget, build_plan, needs, parse_target
 from provisioner.upgrade.rollout import DRIVER, DriverFleet, DriverRollout, Options
 
@@ -269,7 +261,13 @@ def run_upgrade(
         finally:
             fleet.close()
 
-    result = _summary(state, options, outcome)
+    target = options.target.text
+
+    def said(s: HostState) -> dict[str, Any]:
+        # The state's CHANGED is written "upgraded", the word this verb shows.
+        return {"result": s.result, "to": s.after or target, "cordoned": s.cordoned_by_us}
+
+    result = summary(state, outcome, target, said)
     result["notes"] = pin_notes(selected, state, options.install_version)
     for note in result["notes"]:
         progress(None, f"note: {note}")
@@ -321,12 +319,3 @@ def pin_notes(hosts: Sequence[Any], state: RolloutState, installed: str) -> list
         f"{installed}, or the next gpuprov bootstrap installs {pin} again"
         for pin, names in sorted(by_pin.items())
     ]
-
-
-def _summary(state: RolloutState, options: Options, outcome: RolloutOutcome) -> dict[str, Any]:
-    # The state's CHANGED is written "upgraded", the word this verb shows.
-    rows = [
-        host_row(name, s, result=s.result, to=s.after or options.target.text, cordoned=s.cordoned_by_us)
-        for name, s in state.hosts.items()
-    ]
-    return summary(state, outcome, options.target.text, rows)

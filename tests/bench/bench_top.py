@@ -24,12 +24,9 @@ Ratios are against gpuprov's first sample; nothing here asserts a time.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,11 +41,14 @@ from bench_verify import (  # noqa: E402
     _children_cpu,
     _self_cpu,
     _stop_control_masters,
+    bench_arguments,
     host_specs,
+    loopback_fleet,
+    parse_bench_arguments,
     ssh_each,
     write_inventory,
 )
-from loopback_sshd import LoopbackFleet, available  # noqa: E402
+from loopback_sshd import LoopbackFleet  # noqa: E402
 
 from provisioner import top as T  # noqa: E402
 from provisioner.verification import ssh_targets  # noqa: E402
@@ -120,32 +120,18 @@ def run_ansible(fleet: LoopbackFleet, inventory: Path, work: Path, forks: int) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, default=40, help="sshd endpoints (1-500)")
-    ap.add_argument("--parallel", type=int, default=50)
+    ap = bench_arguments(__doc__)
     ap.add_argument("--refreshes", type=int, default=3, help="steady refreshes after the first sample")
     ap.add_argument("--no-ansible", action="store_true")
-    args = ap.parse_args()
-    if not 1 <= args.hosts <= 500:
-        ap.error("--hosts must be 1-500")
-    why = available()
-    if why:
-        print(f"bench_top: cannot run: {why}", file=sys.stderr)
-        return 2
-    work = Path(tempfile.mkdtemp(prefix="gpuprov-bench-top-"))
-    fleet = LoopbackFleet(work / "sshd", count=args.hosts, first=2)
+    args = parse_bench_arguments(ap, "bench_top")
     runs: list[Run] = []
-    try:
-        fleet.start()
+    with loopback_fleet("gpuprov-bench-top-", args.hosts) as (fleet, work):
         inventory = work / "inventory.ini"
         write_inventory(fleet, inventory)
         runs.extend(run_top(fleet, args.parallel, args.refreshes))
         runs.append(run_openssh(fleet, args.parallel))
         if not args.no_ansible:
             runs.append(run_ansible(fleet, inventory, work, args.parallel))
-    finally:
-        fleet.stop()
-        shutil.rmtree(work, ignore_errors=True)
     base = runs[0]
     print(f"\n{args.hosts} hosts, concurrency {args.parallel}")
     print(f"{'run':<58} {'wall s':>8} {'cpu s':>8} {'× gpuprov wall':>15}  ok")

@@ -24,6 +24,7 @@ The sshd servers and any ControlPersist masters are stopped at the end (by PID /
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,21 +74,7 @@ def _self_cpu() -> float:
 
 
 def host_specs(fleet: LoopbackFleet) -> list[SimpleNamespace]:
-    return [
-        SimpleNamespace(
-            name=f"h{i:03d}",
-            address=s.address,
-            port=fleet.port,
-            user="root",
-            private_key_file=fleet.client_key,
-            known_hosts_file=fleet.known_hosts,
-            strict_host_key_checking=True,
-            password=None,
-            groups=["gpu_nodes"],
-            vars={},
-        )
-        for i, s in enumerate(fleet.servers)
-    ]
+    return [fleet.host_spec(f"h{i:03d}", s.address) for i, s in enumerate(fleet.servers)]
 
 
 def write_inventory(fleet: LoopbackFleet, path: Path) -> None:
@@ -259,25 +247,47 @@ def _stop_control_masters(fleet: LoopbackFleet, control: Path) -> None:
         )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def bench_arguments(doc: str, parallel_help: str | None = None) -> argparse.ArgumentParser:
+    """The arguments of every loopback benchmark: --hosts and --parallel; the benchmark adds its own."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=40, help="sshd endpoints (1-500)")
-    ap.add_argument("--parallel", type=int, default=50, help="concurrency for gpuprov, tuned Ansible, floor")
-    ap.add_argument("--quick", action="store_true", help="skip Ansible at defaults (the slowest run)")
-    ap.add_argument("--no-ansible", action="store_true", help="skip both Ansible runs")
+    ap.add_argument("--parallel", type=int, default=50, help=parallel_help)
+    return ap
+
+
+def parse_bench_arguments(ap: argparse.ArgumentParser, bench: str) -> argparse.Namespace:
+    """The arguments, --hosts within 1-500; exit 2 when loopback sshd cannot run here."""
     args = ap.parse_args()
     if not 1 <= args.hosts <= 500:
         ap.error("--hosts must be 1-500")
     why = available()
     if why:
-        print(f"bench_verify: cannot run: {why}", file=sys.stderr)
-        return 2
-    work = Path(tempfile.mkdtemp(prefix="gpuprov-bench-"))
-    fleet = LoopbackFleet(work / "sshd", count=args.hosts, first=2)
-    runs: list[Run] = []
+        print(f"{bench}: cannot run: {why}", file=sys.stderr)
+        raise SystemExit(2)
+    return args
+
+
+@contextlib.contextmanager
+def loopback_fleet(prefix: str, hosts: int) -> Iterator[tuple[LoopbackFleet, Path]]:
+    """`hosts` sshd endpoints, started, and a work directory; both gone afterwards, also on failure."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    fleet = LoopbackFleet(work / "sshd", count=hosts, first=2)
     try:
-        t0 = time.monotonic()
         fleet.start()
+        yield fleet, work
+    finally:
+        fleet.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    ap = bench_arguments(__doc__, "concurrency for gpuprov, tuned Ansible, floor")
+    ap.add_argument("--quick", action="store_true", help="skip Ansible at defaults (the slowest run)")
+    ap.add_argument("--no-ansible", action="store_true", help="skip both Ansible runs")
+    args = parse_bench_arguments(ap, "bench_verify")
+    runs: list[Run] = []
+    t0 = time.monotonic()
+    with loopback_fleet("gpuprov-bench-", args.hosts) as (fleet, work):
         print(
             f"{args.hosts} sshd endpoints on {fleet.servers[0].address}-{fleet.servers[-1].address}:"
             f"{fleet.port} up in "
@@ -297,33 +307,14 @@ def main() -> int:
         if cli:
             runs.append(cli)
         runs.append(_ssh_script(fleet, args.parallel, script))
-        if not args.no_ansible:
-            runs.append(
-                run_ansible(
-                    fleet,
-                    inventory,
-                    playbook,
-                    work,
-                    forks=args.parallel,
-                    tuned=True,
-                    name=f"Ansible tuned (forks {args.parallel}, pipelining, ControlPersist)",
-                )
-            )
-            if not args.quick:
-                runs.append(
-                    run_ansible(
-                        fleet,
-                        inventory,
-                        playbook,
-                        work,
-                        forks=5,
-                        tuned=False,
-                        name="Ansible defaults (forks 5)",
-                    )
-                )
-    finally:
-        fleet.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        # Ansible tuned, then (unless --quick) at its defaults, the slowest run: (forks, tuned, name).
+        ansible = [
+            (args.parallel, True, f"Ansible tuned (forks {args.parallel}, pipelining, ControlPersist)")
+        ]
+        if not args.quick:
+            ansible.append((5, False, "Ansible defaults (forks 5)"))
+        for forks, tuned, name in [] if args.no_ansible else ansible:
+            runs.append(run_ansible(fleet, inventory, playbook, work, forks=forks, tuned=tuned, name=name))
     report(runs, args.hosts, len(names))
     return 0 if all(r.ok for r in runs) else 1
 

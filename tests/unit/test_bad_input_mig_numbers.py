@@ -6,6 +6,7 @@ MIG device counted on the wrong GPU."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from provisioner.mig import parse_mig_devices, parse_profiles
 from provisioner.migapply import fleet as F
 from provisioner.migapply import verb
 from provisioner.probes.mig import SMI_LIST, mig_devices
+from provisioner.rollout import hosts as H
 from provisioner.upgrade import adapters as A
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h200-ubuntu2404"
@@ -97,9 +99,9 @@ class ScriptedSsh:
 @pytest.fixture
 def scripted_ssh(monkeypatch: pytest.MonkeyPatch) -> type[ScriptedSsh]:
     stub = SimpleNamespace(from_host=lambda spec: SimpleNamespace(name=spec.name, address=spec.address))
-    for module in (F, A):
-        monkeypatch.setattr(module, "SshExecutor", ScriptedSsh)
-        monkeypatch.setattr(module, "SshTarget", stub)
+    # Every rolling change's fleet opens its SSH sessions in provisioner.rollout.hosts.
+    monkeypatch.setattr(H, "SshExecutor", ScriptedSsh)
+    monkeypatch.setattr(H, "SshTarget", stub)
     monkeypatch.setattr("provisioner.verification.collect", lambda *a, **k: vf.results(vf.h200_probes()))
     return ScriptedSsh
 
@@ -107,23 +109,12 @@ def scripted_ssh(monkeypatch: pytest.MonkeyPatch) -> type[ScriptedSsh]:
 BAD_LISTINGS = ["GPU ٠: NVIDIA H200 (UUID: GPU-1)\n", "GPU " + "9" * 5000 + ": NVIDIA H200 (UUID: GPU-1)\n"]
 
 
-@pytest.mark.parametrize("listing", BAD_LISTINGS)
-def test_mig_apply_probe_of_an_unreadable_listing_is_that_hosts_error(
-    scripted_ssh: type[ScriptedSsh], listing: str
-) -> None:
-    scripted_ssh.listing = listing
-    spec = HostSpec("gpu1", "192.0.2.21")
-    probe = F.MigFleet(hosts=[spec], control_plane=spec, namespace="gpu-operator").probe(["gpu1"])["gpu1"]
-    assert probe.error and "not a GPU index" in probe.error
+def mig_apply_fleet(spec: HostSpec) -> F.MigFleet:
+    return F.MigFleet(hosts=[spec], control_plane=spec, namespace="gpu-operator")
 
 
-@pytest.mark.parametrize("listing", BAD_LISTINGS)
-def test_upgrade_probe_of_an_unreadable_listing_is_that_hosts_error(
-    scripted_ssh: type[ScriptedSsh], listing: str
-) -> None:
-    scripted_ssh.listing = listing
-    spec = HostSpec("gpu1", "192.0.2.21")
-    fleet = A.RealFleet(
+def upgrade_fleet(spec: HostSpec) -> A.RealFleet:
+    return A.RealFleet(
         hosts=[spec],
         control_plane=None,
         inventory_path=Path("hosts.yml"),
@@ -131,7 +122,15 @@ def test_upgrade_probe_of_an_unreadable_listing_is_that_hosts_error(
         install_version="580.159.04",
         progress=lambda host, text: None,
     )
-    probe = fleet.probe(["gpu1"])["gpu1"]
+
+
+@pytest.mark.parametrize("listing", BAD_LISTINGS)
+@pytest.mark.parametrize("fleet", [mig_apply_fleet, upgrade_fleet], ids=["mig-apply", "upgrade-driver"])
+def test_a_probe_of_an_unreadable_listing_is_that_hosts_error(
+    scripted_ssh: type[ScriptedSsh], fleet: Callable[[HostSpec], Any], listing: str
+) -> None:
+    scripted_ssh.listing = listing
+    probe = fleet(HostSpec("gpu1", "192.0.2.21")).probe(["gpu1"])["gpu1"]
     assert probe.error and "not a GPU index" in probe.error
 
 

@@ -36,45 +36,43 @@ def test_missing_inventory_file(tmp_path: Path) -> None:
     assert "nope.yml: inventory not found" in r.stderr
 
 
-def test_unknown_stage(tmp_path: Path, inv: Path) -> None:
-    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv), "--only", "driver", "--yes")
+@pytest.mark.parametrize(
+    ("group_vars", "args", "said"),
+    [
+        pytest.param({}, ["--only", "driver", "--yes"], "--only: unknown stage driver", id="unknown-stage"),
+        pytest.param(
+            {"all.yml": "gpuprov_reboot_allowed: perhaps\n"},
+            ["--yes"],
+            "group_vars/all.yml: gpuprov_reboot_allowed: expected a boolean",
+            id="bad-setting-names-file-and-key",
+        ),
+        pytest.param(
+            {"gpu_nodes.yml": "gpuprov_mirror: http://mirror.example\n"},
+            ["--yes"],
+            "gpu_nodes.yml: gpuprov_mirror: unknown setting",
+            id="unknown-global-setting",
+        ),
+        pytest.param(
+            {}, ["--limit", "gpu9", "--yes"], "no host selected by --limit gpu9", id="limit-matching-nothing"
+        ),
+        pytest.param({}, [], "without --yes", id="needs-yes-without-terminal"),
+        pytest.param(
+            {},
+            ["--retry-failed", "--yes"],
+            "no earlier bootstrap run recorded",
+            id="retry-failed-without-earlier-run",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_any_host_is_touched(
+    tmp_path: Path, inv: Path, group_vars: dict[str, str], args: list[str], said: str
+) -> None:
+    for name, text in group_vars.items():
+        (inv.parent / "group_vars" / name).write_text(text)
+    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv), *args)
     assert r.returncode == 2
-    assert "--only: unknown stage driver" in r.stderr
+    assert said in r.stderr
     assert_untouched(tmp_path)
-
-
-def test_bad_setting_names_file_and_key(tmp_path: Path, inv: Path) -> None:
-    (inv.parent / "group_vars" / "all.yml").write_text("gpuprov_reboot_allowed: perhaps\n")
-    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv), "--yes")
-    assert r.returncode == 2
-    assert "group_vars/all.yml: gpuprov_reboot_allowed: expected a boolean" in r.stderr
-    assert_untouched(tmp_path)
-
-
-def test_unknown_global_setting(tmp_path: Path, inv: Path) -> None:
-    (inv.parent / "group_vars" / "gpu_nodes.yml").write_text("gpuprov_mirror: http://mirror.example\n")
-    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv), "--yes")
-    assert r.returncode == 2
-    assert "gpu_nodes.yml: gpuprov_mirror: unknown setting" in r.stderr
-
-
-def test_limit_matching_nothing(tmp_path: Path, inv: Path) -> None:
-    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv), "--limit", "gpu9", "--yes")
-    assert r.returncode == 2
-    assert "no host selected by --limit gpu9" in r.stderr
-
-
-def test_needs_yes_without_terminal(tmp_path: Path, inv: Path) -> None:
-    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv))
-    assert r.returncode == 2
-    assert "without --yes" in r.stderr
-    assert_untouched(tmp_path)
-
-
-def test_retry_failed_without_earlier_run(tmp_path: Path, inv: Path) -> None:
-    r = gpuprov(tmp_path, "bootstrap", "-i", str(inv), "--retry-failed", "--yes")
-    assert r.returncode == 2
-    assert "no earlier bootstrap run recorded" in r.stderr
 
 
 def test_retry_failed_nothing_left(tmp_path: Path, inv: Path) -> None:

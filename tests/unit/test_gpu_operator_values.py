@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -416,69 +417,8 @@ def test_the_alerts_use_only_exported_counters() -> None:
     assert all("{{ $labels.gpu }}" in s for s in summaries)  # Prometheus's templates, not Ansible's
 
 
-# Synthetic exporter series, one minute apart, and when each alert must (and must not) fire. Label names
-# are the exporter's own (gpu, Hostname: dcgm-exporter's default labels).
-ALERT_TESTS = """
-rule_files: [rules.yml]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'DCGM_FI_DEV_XID_ERRORS{gpu="0", Hostname="gpu1"}'
-        values: '0 0 79 79'
-      - series: 'DCGM_FI_DEV_XID_ERRORS{gpu="1", Hostname="gpu1"}'
-        values: '0 0 0 0'
-      - series: 'DCGM_FI_DEV_ROW_REMAP_FAILURE{gpu="2", Hostname="gpu1"}'
-        values: '0 1 1 1'
-      - series: 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3", Hostname="gpu1"}'
-        values: '4 4 6 6'
-      - series: 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="4", Hostname="gpu1"}'
-        values: '4 4 4 4'
-      - series: 'DCGM_FI_DEV_GPU_TEMP{gpu="5", Hostname="gpu1"}'
-        values: '90x10'
-      - series: 'DCGM_FI_DEV_GPU_TEMP{gpu="6", Hostname="gpu1"}'
-        values: '85x10'
-      # 0x8 HW slowdown; 0x1 GPU idle and 0x4 application clocks setting are no trouble.
-      - series: 'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="0", Hostname="gpu2"}'
-        values: '8x10'
-      - series: 'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="1", Hostname="gpu2"}'
-        values: '5x10'
-      # 0x80 HW power brake with 0x1 idle set too.
-      - series: 'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="2", Hostname="gpu2"}'
-        values: '129x10'
-    alert_rule_test:
-      - {eval_time: 1m, alertname: GpuXidError, exp_alerts: []}
-      - eval_time: 3m
-        alertname: GpuXidError
-        exp_alerts:
-          - exp_labels: {severity: warning, gpu: "0", Hostname: gpu1}
-            exp_annotations: {summary: "GPU 0 on gpu1 reported Xid 79"}
-      - eval_time: 2m
-        alertname: GpuRowRemapFailure
-        exp_alerts:
-          - exp_labels: {severity: critical, gpu: "2", Hostname: gpu1}
-            exp_annotations: {summary: "GPU 2 on gpu1 could not remap a memory row; it needs service"}
-      - {eval_time: 1m, alertname: GpuUncorrectableEccErrors, exp_alerts: []}
-      - eval_time: 3m
-        alertname: GpuUncorrectableEccErrors
-        exp_alerts:
-          - exp_labels: {severity: critical, gpu: "3", Hostname: gpu1}
-            exp_annotations: {summary: "GPU 3 on gpu1 had uncorrectable ECC errors"}
-      - {eval_time: 4m, alertname: GpuTemperatureHigh, exp_alerts: []}
-      - eval_time: 6m
-        alertname: GpuTemperatureHigh
-        exp_alerts:
-          - exp_labels: {severity: warning, gpu: "5", Hostname: gpu1}
-            exp_annotations: {summary: "GPU 5 on gpu1 is at 90 C"}
-      - {eval_time: 4m, alertname: GpuThrottled, exp_alerts: []}
-      - eval_time: 6m
-        alertname: GpuThrottled
-        exp_alerts:
-          - exp_labels: {severity: warning, gpu: "0", Hostname: gpu2}
-            exp_annotations: {summary: "GPU 0 on gpu2 is slowed down by heat or power"}
-          - exp_labels: {severity: warning, gpu: "2", Hostname: gpu2}
-            exp_annotations: {summary: "GPU 2 on gpu2 is slowed down by heat or power"}
-"""
+# promtool's tests of the alerts: synthetic exporter series and when each alert must (and must not) fire.
+ALERT_TESTS = ROOT / "tests" / "fixtures" / "prometheus" / "gpu-alerts-tests.yml"
 
 
 def test_the_alerts_fire_under_prometheus_own_rule_engine(tmp_path: Path) -> None:
@@ -487,7 +427,7 @@ def test_the_alerts_fire_under_prometheus_own_rule_engine(tmp_path: Path) -> Non
     text = _render((ROLE / "templates" / "gpu-alerts.yaml.j2").read_text(), role_env())
     rule = yaml.safe_load(text)
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"]))
-    (tmp_path / "tests.yml").write_text(ALERT_TESTS)
+    shutil.copyfile(ALERT_TESTS, tmp_path / "tests.yml")
     promtool = str(vendor.promtool())
     check = subprocess.run(
         [promtool, "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True, check=False

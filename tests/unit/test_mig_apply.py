@@ -34,40 +34,7 @@ INVENTORY = inventory(
     gpu_vars=("gpuprov_mig_strategy: mixed",),
 )
 
-# The layouts as NVIDIA's default config writes them (entries filtered by PCI device id).
-CONFIG = """
-version: v1
-mig-configs:
-  all-disabled:
-    - devices: all
-      mig-enabled: false
-  all-1g.18gb:
-    - device-filter: ["0x233510DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.18gb": 7
-  all-balanced:
-    - device-filter: ["0x233010DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 2
-        "2g.20gb": 1
-        "3g.40gb": 1
-    - device-filter: ["0x233510DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.18gb": 2
-        "2g.35gb": 1
-        "3g.71gb": 1
-  too-many:
-    - devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.35gb": 5
-"""
+CONFIG = (Path(__file__).resolve().parents[1] / "fixtures" / "mig" / "layouts.yaml").read_text()
 
 GPUS = {"gpu1": (0x2335, 1), "gpu2": (0x2330, 8), "gpu3": (0x20B2, 4)}
 DEPLOY = {

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_templar import render
 from gpuprov_lab import vendor
 
 from provisioner.stages import STAGES
@@ -25,26 +26,6 @@ def _yaml(path: Path) -> Any:
 
 def _task(tasks_file: str, name_start: str) -> dict[str, Any]:
     return next(t for t in _yaml(ROLE / "tasks" / tasks_file) if t["name"].startswith(name_start))
-
-
-def _trust(value: Any) -> Any:
-    from ansible.template import trust_as_template
-
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, list):
-        return [_trust(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _trust(v) for k, v in value.items()}
-    return value
-
-
-def render(expr: Any, variables: dict[str, Any]) -> Any:
-    # Imported here: ansible reads its configuration once, when first imported (tests share a process).
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-
-    return Templar(loader=DataLoader(), variables=_trust(variables)).template(_trust(expr))
 
 
 def role_env(**knobs: Any) -> dict[str, Any]:

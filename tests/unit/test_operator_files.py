@@ -453,6 +453,7 @@ def test_check_mode_never_says_nothing_would_change_of_a_host_it_could_not_reach
 ) -> None:
     from provisioner.playbookverb.day2 import run_day2
     from provisioner.playbookverb.render import change_lines
+    from provisioner.playbookverb.run import RunControls
     from provisioner.runner import Failure, HostStats, PlaybookResult
 
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
@@ -468,9 +469,8 @@ def test_check_mode_never_says_nothing_would_change_of_a_host_it_could_not_reach
         )
 
     monkeypatch.setattr("provisioner.runner.run_playbook", unreachable)
-    result = run_day2(
-        "tenants", inventory=inventory(tmp_path, hosts=hosts), check=True, assume_yes=False, forks=1
-    )
+    controls = RunControls(check=True, assume_yes=False, forks=1)
+    result = run_day2("tenants", inventory=inventory(tmp_path, hosts=hosts), controls=controls)
     assert result.exit_code != 0 and result.summary is not None
     assert result.summary["hosts"][0]["status"] == "unreachable"
     assert result.summary["changes"] == {}  # no empty list that reads as "no change"

@@ -18,6 +18,13 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def refusal(tmp_path: Path, text: str) -> InputError:
+    """What loading a policy file of `text` raises."""
+    with pytest.raises(InputError) as exc:
+        load_policy(write(tmp_path, text))
+    return exc.value
+
+
 def test_example_policy_loads_and_layers() -> None:
     policy = load_policy(EXAMPLE)
     gpu = policy.expectations_for("gpu-003", ["gpu_nodes", "k8s_cluster"])
@@ -69,11 +76,10 @@ def test_empty_policy_is_defaults(tmp_path: Path) -> None:
     ],
 )
 def test_bad_policies_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(InputError) as exc:
-        load_policy(write(tmp_path, text))
-    assert message in str(exc.value)
-    assert str(exc.value).startswith(str(tmp_path / "fleet.yml"))
-    assert exc.value.exit_code == 2
+    refused = refusal(tmp_path, text)
+    assert message in str(refused)
+    assert str(refused).startswith(str(tmp_path / "fleet.yml"))
+    assert refused.exit_code == 2
 
 
 def test_missing_policy_file(tmp_path: Path) -> None:
@@ -113,10 +119,9 @@ def test_driver_version_int_accepted_and_overrides() -> None:
     ],
 )
 def test_the_first_problem_in_reading_order_is_named(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(InputError) as exc:
-        load_policy(write(tmp_path, text))
-    assert str(exc.value).startswith(f"{tmp_path}/{message}"), str(exc.value)
-    assert str(exc.value).count("fleet.yml") == 1  # one problem, not pydantic's list of them
+    refused = str(refusal(tmp_path, text))
+    assert refused.startswith(f"{tmp_path}/{message}"), refused
+    assert refused.count("fleet.yml") == 1  # one problem, not pydantic's list of them
 
 
 def test_values_come_back_as_the_checks_want_them(tmp_path: Path) -> None:

@@ -10,15 +10,17 @@ from provisioner.playbookverb.render import LiveProgress, PlainProgress, change_
 from provisioner.runner import Event, _diff_text
 
 
-def _console(buf: io.StringIO):
+def _live() -> tuple[LiveProgress, io.StringIO]:
+    """The live display on a 140-column terminal, and what it has written."""
     from rich.console import Console
 
-    return Console(file=buf, force_terminal=True, width=140, color_system=None, highlight=False)
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=140, color_system=None, highlight=False)
+    return LiveProgress(console=console, refresh_per_second=20), buf
 
 
 def test_the_live_table_shows_each_hosts_stage_task_and_time() -> None:
-    buf = io.StringIO()
-    live = LiveProgress(console=_console(buf), refresh_per_second=20)
+    live, buf = _live()
     with live:
         live(Event("play_start", None, "nvidia_driver", None))
         live(Event("runner_on_start", "gpu1", "nvidia_driver", "Install the driver packages"))
@@ -52,8 +54,7 @@ def _render_table(live: LiveProgress) -> str:
 
 
 def test_host_words_in_the_live_display_are_escaped() -> None:
-    buf = io.StringIO()
-    live = LiveProgress(console=_console(buf), refresh_per_second=20)
+    live, buf = _live()
     with live:
         live(Event("play_start", None, "docker", None))
         live(Event("runner_on_start", "gpu1", "docker", "task \x1b]0;owned\x07 [bold]x[/bold]"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -257,14 +258,19 @@ def test_table_output(home: Path, inv: Path, capsys: pytest.CaptureFixture[str])
     assert "hosts: 1 skipped, 2 upgraded; record:" in out
 
 
-def test_ctrl_c_stops_cleanly_with_exit_3(home: Path, inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import signal
-
+def interrupted_run(inv: Path, signum: signal.Signals, at: str) -> FakeFleet:
+    """An upgrade, a batch a host, that gets `signum` as `at` installs: exit 3, and the signal's handler
+    put back afterwards."""
     fleet = FakeFleet([FakeHost("gpu1"), FakeHost("gpu2"), FakeHost("gpu3")])
-    fleet.on_install = lambda name: os.kill(os.getpid(), signal.SIGINT) if name == "gpu2" else None
-    previous = signal.getsignal(signal.SIGINT)
+    fleet.on_install = lambda name: os.kill(os.getpid(), signum) if name == at else None
+    previous = signal.getsignal(signum)
     assert run(inv, Factory(fleet), batch="1") == 3
-    assert signal.getsignal(signal.SIGINT) is previous  # the handler is put back
+    assert signal.getsignal(signum) is previous
+    return fleet
+
+
+def test_ctrl_c_stops_cleanly_with_exit_3(home: Path, inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = interrupted_run(inv, signal.SIGINT, at="gpu2")
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert [h["result"] for h in summary["hosts"]] == ["upgraded", "interrupted", "not-started"]
@@ -292,12 +298,6 @@ def test_note_when_the_inventory_pins_another_version(
 
 
 def test_sigterm_is_taken_as_ctrl_c(home: Path, inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import signal
-
-    fleet = FakeFleet([FakeHost("gpu1"), FakeHost("gpu2"), FakeHost("gpu3")])
-    fleet.on_install = lambda name: os.kill(os.getpid(), signal.SIGTERM) if name == "gpu1" else None
-    previous = signal.getsignal(signal.SIGTERM)
-    assert run(inv, Factory(fleet), batch="1") == 3
-    assert signal.getsignal(signal.SIGTERM) is previous
+    interrupted_run(inv, signal.SIGTERM, at="gpu1")
     summary = json.loads(capsys.readouterr().out)
     assert [h["result"] for h in summary["hosts"]] == ["interrupted", "not-started", "not-started"]

@@ -16,6 +16,7 @@ import pytest
 
 from provisioner.rollout.model import ChangeOutcome, NodeInfo, StepFailed
 from provisioner.upgrade.plan import DriverProbe, DriverTarget
+from provisioner.upgrade.rollout import StepFn
 
 OPERAND_LABELS = {
     "nvidia.com/gpu.deploy.device-plugin": "true",
@@ -186,12 +187,7 @@ class FakeFleet:
         return matches[-1] if matches else None
 
     def upgrade(
-        self,
-        hosts: Sequence[str],
-        target: DriverTarget,
-        *,
-        reboot_allowed: bool,
-        on_step: Callable[[str, str], None],
+        self, hosts: Sequence[str], target: DriverTarget, *, reboot_allowed: bool, on_step: StepFn
     ) -> dict[str, ChangeOutcome]:
         self.upgrade_calls.append(list(hosts))
         out: dict[str, ChangeOutcome] = {}

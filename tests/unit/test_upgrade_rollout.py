@@ -38,6 +38,13 @@ def start(
     return DriverRollout(fleet, state, plan, options), state
 
 
+def run_through(fleet: FakeFleet, tmp_path: Path, **opts: object) -> RolloutState:
+    """The rollout of `fleet`, as its hosts are when probed, run to its end: the state it leaves."""
+    rollout, state = start(fleet, tmp_path, **opts)  # type: ignore[arg-type]
+    rollout.run()
+    return state
+
+
 def results(state: RolloutState) -> dict[str, str | None]:
     return {h: s.result for h, s in state.hosts.items()}
 
@@ -85,8 +92,7 @@ def test_operands_already_off_or_no_operator_means_no_label_change(tmp_path: Pat
     fleet = fleet_of(2)
     fleet.hosts["gpu1"].labels = {OPERANDS: "false"}
     fleet.hosts["gpu2"].labels = {"kubernetes.io/hostname": "gpu2"}
-    rollout, state = start(fleet, tmp_path, batch="2")
-    rollout.run()
+    state = run_through(fleet, tmp_path, batch="2")
     assert set(results(state).values()) == {"upgraded"}
     assert [c for c in fleet.calls if c[0] == "label"] == []
     assert fleet.hosts["gpu1"].labels == {OPERANDS: "false"}
@@ -102,8 +108,7 @@ def test_percent_batches_and_canary_first(tmp_path: Path) -> None:
 
 def test_hosts_at_target_are_skipped_and_never_touched(tmp_path: Path) -> None:
     fleet = FakeFleet([FakeHost("gpu1"), FakeHost("gpu2", version="580.159.04"), FakeHost("gpu3")])
-    rollout, state = start(fleet, tmp_path, to="580", batch="5")
-    rollout.run()
+    state = run_through(fleet, tmp_path, to="580", batch="5")
     assert results(state) == {"gpu1": "upgraded", "gpu2": "skipped", "gpu3": "upgraded"}
     assert fleet.touched("gpu2") == []
     assert fleet.upgrade_calls == [["gpu1", "gpu3"]]
@@ -171,8 +176,7 @@ def test_canary_failure_stops_even_when_max_fail_allows_more(tmp_path: Path) -> 
 def test_drain_timeout_leaves_the_host_untouched_and_uncordoned(tmp_path: Path) -> None:
     fleet = fleet_of(3)
     fleet.hosts["gpu2"].faults.add("drain-block")
-    rollout, state = start(fleet, tmp_path, batch="3", max_fail=1)
-    rollout.run()
+    state = run_through(fleet, tmp_path, batch="3", max_fail=1)
     assert results(state) == {"gpu1": "upgraded", "gpu2": "failed", "gpu3": "upgraded"}
     s = state.hosts["gpu2"]
     assert s.reason.startswith("drain: drain did not complete within 300s")
@@ -190,8 +194,7 @@ def test_node_cordoned_before_the_upgrade_stays_cordoned(tmp_path: Path) -> None
     fleet = fleet_of(2)
     fleet.hosts["gpu1"].unschedulable = True
     fleet.hosts["gpu2"].faults.add("drain-block")
-    rollout, state = start(fleet, tmp_path, batch="2", max_fail=5)
-    rollout.run()
+    state = run_through(fleet, tmp_path, batch="2", max_fail=5)
     assert state.hosts["gpu1"].result == "upgraded"
     assert fleet.hosts["gpu1"].unschedulable  # an operator's cordon is not ours to lift
     assert "uncordon" not in fleet.touched("gpu1")
@@ -216,8 +219,7 @@ def test_without_control_plane_no_cordon_or_drain(tmp_path: Path) -> None:
 def test_host_not_a_node_is_upgraded_without_cordon(tmp_path: Path) -> None:
     fleet = fleet_of(1)
     fleet.hosts["gpu1"].node = False
-    rollout, state = start(fleet, tmp_path)
-    rollout.run()
+    state = run_through(fleet, tmp_path)
     assert state.hosts["gpu1"].result == "upgraded"
     assert fleet.touched("gpu1") == ["upgrade"]
 
@@ -227,8 +229,7 @@ def test_a_node_that_is_not_the_host_is_never_touched(tmp_path: Path) -> None:
     calling itself gpu7 must not get gpu7 drained): gpu1 fails, nothing is cordoned or upgraded."""
     fleet = fleet_of(2)
     fleet.hosts["gpu1"].node_machine_id = "f" * 32
-    rollout, state = start(fleet, tmp_path, batch="2", max_fail=1)
-    rollout.run()
+    state = run_through(fleet, tmp_path, batch="2", max_fail=1)
     assert state.hosts["gpu1"].result == "failed"
     assert "is not this host" in (state.hosts["gpu1"].reason or "")
     assert fleet.touched("gpu1") == []
@@ -239,8 +240,7 @@ def test_a_node_that_is_not_the_host_is_never_touched(tmp_path: Path) -> None:
 def test_a_hostname_that_is_no_node_name_fails_the_host_untouched(tmp_path: Path) -> None:
     fleet = fleet_of(1)
     fleet.hosts["gpu1"].node_error = "the host's hostname '-l=x' is not a valid Kubernetes node name"
-    rollout, state = start(fleet, tmp_path)
-    rollout.run()
+    state = run_through(fleet, tmp_path)
     assert state.hosts["gpu1"].result == "failed"
     assert "not a valid Kubernetes node name" in (state.hosts["gpu1"].reason or "")
     assert fleet.touched("gpu1") == []
@@ -271,8 +271,7 @@ def test_reboot_pending_host_stays_cordoned_and_is_reported(tmp_path: Path) -> N
 def test_reboot_when_allowed(tmp_path: Path) -> None:
     fleet = fleet_of(1)
     fleet.hosts["gpu1"].faults.add("unload-busy")
-    rollout, state = start(fleet, tmp_path, reboot_allowed=True)
-    rollout.run()
+    state = run_through(fleet, tmp_path, reboot_allowed=True)
     assert state.hosts["gpu1"].result == "upgraded"
     assert "rebooting" in [x[0] for x in state.hosts["gpu1"].history]
 
@@ -295,8 +294,7 @@ def test_verification_failure_keeps_the_host_cordoned(tmp_path: Path, fault: str
 def test_old_xids_do_not_fail_verification(tmp_path: Path) -> None:
     fleet = fleet_of(1)
     fleet.hosts["gpu1"].xids.append("[ 10.0] NVRM: Xid (PCI:0000:18:00): 13, Graphics Exception")
-    rollout, state = start(fleet, tmp_path)
-    rollout.run()
+    state = run_through(fleet, tmp_path)
     assert state.hosts["gpu1"].result == "upgraded"
 
 
@@ -460,8 +458,7 @@ def test_a_mig_node_is_uncordoned_only_once_its_layout_is_back(tmp_path: Path) -
     """The module unload destroys the GPU instances; the MIG manager (back with the operands) makes them
     again. The node stays cordoned until the MIG devices are those of before the upgrade."""
     fleet = FakeFleet([_mig_host("gpu1")])
-    rollout, state = start(fleet, tmp_path, operand_timeout=2.0)
-    rollout.run()
+    state = run_through(fleet, tmp_path, operand_timeout=2.0)
     assert state.hosts["gpu1"].result == "upgraded", state.hosts["gpu1"].reason
     host = fleet.hosts["gpu1"]
     assert host.mig_now == {0: {"1g.18gb": 7}}
@@ -472,8 +469,7 @@ def test_a_mig_node_is_uncordoned_only_once_its_layout_is_back(tmp_path: Path) -
 
 def test_a_mig_layout_not_restored_keeps_the_node_cordoned(tmp_path: Path) -> None:
     fleet = FakeFleet([_mig_host("gpu1", "mig-reapply-fails")])
-    rollout, state = start(fleet, tmp_path, operand_timeout=2.0)
-    rollout.run()
+    state = run_through(fleet, tmp_path, operand_timeout=2.0)
     s = state.hosts["gpu1"]
     assert s.result == "failed"
     assert "mig.config: all-1g.18gb: the MIG manager reported nvidia.com/mig.config.state=failed" in s.reason

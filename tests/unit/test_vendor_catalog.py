@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_templar import render
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = yaml.safe_load((ROOT / "lab" / "gpuprov_lab" / "sim" / "vendor-catalog.yaml").read_text())
@@ -30,10 +31,6 @@ def _yaml(path: Path) -> dict[str, Any]:
 
 def role_specs(repo: str, branch: str, version: str, flavour: str, fabricmanager: bool) -> list[str]:
     """__nvidia_driver_packages as Ansible renders it for these settings."""
-    # Imported here: ansible reads its configuration once, when first imported (tests share a process).
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template
-
     variables: dict[str, Any] = {
         **_yaml(ROLE / "defaults" / "main.yml"),
         **_yaml(ROLE / "vars" / "main.yml"),
@@ -45,18 +42,7 @@ def role_specs(repo: str, branch: str, version: str, flavour: str, fabricmanager
         "preflight_nvswitch_present": fabricmanager,
         "gpuprov_mirror_url": "",
     }
-
-    def trust(value: Any) -> Any:
-        if isinstance(value, str):
-            return trust_as_template(value)
-        if isinstance(value, list):
-            return [trust(v) for v in value]
-        if isinstance(value, dict):
-            return {k: trust(v) for k, v in value.items()}
-        return value
-
-    templar = Templar(loader=DataLoader(), variables=trust(variables))
-    return list(templar.template(trust_as_template("{{ __nvidia_driver_packages }}")))
+    return list(render("{{ __nvidia_driver_packages }}", variables))
 
 
 def cases() -> list[Any]:

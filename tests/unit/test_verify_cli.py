@@ -198,30 +198,13 @@ def test_snapshot_refuses_to_overwrite_a_foreign_directory(tmp_path: Path) -> No
 needs_sshd = pytest.mark.skipif(available() is not None, reason=str(available()))
 
 
-def host_spec(name: str, address: str, fleet: LoopbackFleet, **extra: object) -> SimpleNamespace:
-    base = dict(
-        name=name,
-        address=address,
-        port=fleet.port,
-        user="root",
-        private_key_file=fleet.client_key,
-        known_hosts_file=fleet.known_hosts,
-        strict_host_key_checking=True,
-        password=None,
-        groups=["gpu_nodes"],
-        vars={},
-    )
-    base.update(extra)
-    return SimpleNamespace(**base)
-
-
 @needs_sshd
 def test_verify_hosts_over_ssh_with_one_unreachable(tmp_path: Path) -> None:
     with LoopbackFleet(tmp_path / "sshd", count=2, first=81) as fleet:
         hosts = [
-            host_spec("a", "127.0.0.81", fleet),
-            host_spec("dead", "127.0.0.89", fleet),
-            host_spec("b", "127.0.0.82", fleet),
+            fleet.host_spec("a", "127.0.0.81"),
+            fleet.host_spec("dead", "127.0.0.89"),
+            fleet.host_spec("b", "127.0.0.82"),
         ]
         report = verify_hosts(hosts, parallel=2, checks=["os.supported", "gpu.present", "gpu.xid"])
         local = verify_snapshot  # noqa: F841 - keeps the import honest for readers

@@ -34,6 +34,35 @@ HGX_BUSES = (
 
 Probes = dict[str, tuple[int, str, str]]  # name → (rc, stdout, stderr)
 
+# What a healthy GPU host outside Kubernetes verifies as without a policy, check by check: the H200 capture
+# here, and the real H200 and H100 hosts' snapshots (tests/fixtures/snapshots).
+HEALTHY_WITHOUT_POLICY = {
+    "os.supported": "pass",
+    "gpu.present": "pass",
+    "gpu.count": "pass",
+    "driver.loaded": "pass",
+    "driver.version": "skip",  # no expectation without a policy: never a pass by default
+    "driver.userspace_match": "pass",
+    "gpu.persistence": "pass",
+    "gpu.ecc": "pass",
+    "gpu.memory_remap": "pass",
+    "gpu.pcie_link": "pass",
+    "gpu.throttle": "pass",
+    "gpu.xid": "pass",
+    "cuda.version": "pass",
+    "packages.held": "skip",
+    "container_toolkit.runtime": "skip",
+    "services.active": "skip",
+    "k8s.node_ready": "skip",
+    "k8s.gpu_allocatable": "skip",
+    "gpu.sharing": "skip",
+    "mig.config": "skip",
+    "monitoring.dcgm_exporter": "skip",
+    "tenants.quota": "skip",
+    "dcgm.diag": "skip",
+    "container.smoke": "skip",
+}
+
 
 def raw(name: str) -> str:
     return (CAPTURE / name).read_text()

@@ -220,6 +220,8 @@ def _driver_packages(version: str) -> list[SimPackage]:
     ml = f"{LIBDIR}/libnvidia-ml.so.{version}"
     cu = f"{LIBDIR}/libcuda.so.{version}"
     pkg = functools.partial(SimPackage, version=full, repo=_repo(version), homepage=HOMEPAGE)
+    # NVML's users, built with it: they need the same build of libnvidia-ml1.
+    nvml_user = functools.partial(pkg, depends=[f"libnvidia-ml1 {same}"])
     persistenced = systemd_scripts("nvidia-persistenced.service")
     persistenced["postinst"] = (
         'if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then\n'
@@ -276,10 +278,9 @@ def _driver_packages(version: str) -> list[SimPackage]:
             maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
             real=MOCK_NVML_PROVENANCE.format(lib="libnvidia-ml.so", version=version),
         ),
-        pkg(
+        nvml_user(
             name="libcuda1",
             description=f"NVIDIA CUDA Driver Library (CUDA {cuda})",
-            depends=[f"libnvidia-ml1 {same}"],
             section="non-free/libs",
             files={
                 cu: SimFile(_mock_library("libcuda.so.550.163.01"), 0o644),
@@ -289,10 +290,9 @@ def _driver_packages(version: str) -> list[SimPackage]:
             maintainer_scripts={"triggers": LDCONFIG_TRIGGER},
             real=MOCK_NVML_PROVENANCE.format(lib="libcuda.so", version=version),
         ),
-        pkg(
+        nvml_user(
             name="nvidia-smi",
             description="NVIDIA System Management Interface",
-            depends=[f"libnvidia-ml1 {same}"],
             section="non-free/utils",
             files={
                 "/usr/bin/nvidia-smi": smi_launcher(driver=version, cuda=cuda),
@@ -300,10 +300,9 @@ def _driver_packages(version: str) -> list[SimPackage]:
             },
             real=NVIDIA_SMI_PROVENANCE,
         ),
-        pkg(
+        nvml_user(
             name="nvidia-persistenced",
             description="daemon to maintain persistent software state in the NVIDIA driver",
-            depends=[f"libnvidia-ml1 {same}"],
             section="contrib/utils",
             files={
                 "/usr/bin/nvidia-persistenced": tool("daemons", "nvidia-persistenced", driver=version),
