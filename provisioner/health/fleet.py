@@ -16,7 +16,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +104,10 @@ def parse_compute_apps(text: str) -> list[tuple[str, int, str]]:
     return rows
 
 
-class HealFleet(SshFleet):
+class HealFleet(SshFleet[HealProbe]):
     """GPU hosts over SSH; the cluster through kubectl on the first control-plane host."""
+
+    probe_threads = "gpuprov-heal"
 
     def __init__(
         self,
@@ -145,12 +146,6 @@ class HealFleet(SshFleet):
         if probe.plan.error:
             probe.error = f"evidence unreadable: {probe.plan.error}"
         return probe
-
-    def probe(self, hosts: Sequence[str]) -> dict[str, HealProbe]:
-        if len(hosts) == 1:
-            return {hosts[0]: self._probe_one(hosts[0])}
-        with ThreadPoolExecutor(max_workers=min(len(hosts), 50), thread_name_prefix="gpuprov-heal") as pool:
-            return dict(zip(hosts, pool.map(self._probe_one, hosts), strict=True))
 
     # -- repairing
 
