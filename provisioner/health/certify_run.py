@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from provisioner.health.certify import (
     decide,
     now_iso,
 )
+from provisioner.health.decide import forget_answered
 from provisioner.hosttext import short_safe_text
 from provisioner.probes import PROBES, dcgm, nvbandwidth
 from provisioner.probes.base import HostFacts, Unavailable
@@ -122,9 +123,12 @@ def _identity(facts: HostFacts, target: Target) -> HostProbe:
     return probe
 
 
-def certify_target(target: Target, level: str, timeout: float | None = None) -> CertResult:
+def certify_target(
+    target: Target, level: str, timeout: float | None = None, reset_at: Mapping[str, float] | None = None
+) -> CertResult:
     """Certify one host at `level`: probe it (one script, one channel) and decide. A host that cannot be
-    read is not certified, with the reason; nothing on the host is changed."""
+    read is not certified, with the reason; nothing on the host is changed. `reset_at`: the GPUs reset in
+    this boot (remediate's), whose Xids logged before the reset are what it answered."""
     check_level(level)
     started = now_iso()
     t0 = time.monotonic()
@@ -137,6 +141,7 @@ def certify_target(target: Target, level: str, timeout: float | None = None) -> 
         result.identity = HostProbe(target.name, node=_node_name(target.name), address=_address(target))
         return result
     facts = HostFacts(target.name, results)
+    forget_answered(facts, reset_at)
     result = decide(facts, level)
     result.started_at = started
     result.duration_s = time.monotonic() - t0

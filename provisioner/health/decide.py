@@ -126,6 +126,29 @@ class HostEvidence:
     error: str | None = None
 
 
+def answered_by_reset(
+    e: XidEvent, reset_at: Mapping[str, float] | None, table: XidTable | None = None
+) -> bool:
+    """The Xid was logged before a GPU reset of its GPU (`reset_at`: PCI device → the host's uptime just
+    before the reset) and a reset is all it asks for: the reset answered it."""
+    done = (reset_at or {}).get(pci_device(e.pci))
+    if done is None or e.uptime is None or e.uptime > done:
+        return False
+    return (table or xid_table()).rule(e.xid).action in (NONE, RESET_GPU)
+
+
+def forget_answered(facts: HostFacts, reset_at: Mapping[str, float] | None) -> None:
+    """From here on `facts` reads the kernel log without the Xids a GPU reset answered: what a judgement
+    of the host after the reset (certification) must see. Nothing changes when the log is unreadable."""
+    if not reset_at:
+        return
+    try:
+        events = kernel_log.xids(facts)
+    except Unavailable:
+        return
+    facts.settle(kernel_log.XIDS_KEY, [e for e in events if not answered_by_reset(e, reset_at)])
+
+
 def gather(
     facts: HostFacts, reset_at: Mapping[str, float] | None = None, table: XidTable | None = None
 ) -> HostEvidence:
@@ -164,9 +187,7 @@ def gather(
     for g in ev.gpus:
         by_device[pci_device(g.pci)] = g
     for e in events:
-        done = (reset_at or {}).get(pci_device(e.pci))
-        answered = done is not None and e.uptime is not None and e.uptime <= done
-        if answered and (table or xid_table()).rule(e.xid).action in (NONE, RESET_GPU):
+        if answered_by_reset(e, reset_at, table):
             continue
         target = by_device.get(pci_device(e.pci))
         if target is not None:

@@ -124,6 +124,13 @@ class HealFleet(SshFleet[HealProbe]):
         # Per host: the boot id, and the GPUs (PCI domain:bus:device) reset in that boot → the host's
         # uptime just before the reset.
         self.reset_at: dict[str, tuple[str, dict[str, float]]] = {}
+        self.last_boot: dict[str, str | None] = {}  # the boot id each host's last probe read
+
+    def reset_marks(self, host: str) -> dict[str, float]:
+        """The GPUs reset in the host's current boot (as its last probe read it) → the uptime just before
+        each reset; none after another boot, whose kernel log starts afresh."""
+        boot, marks = self.reset_at.get(host, ("", {}))
+        return dict(marks) if boot and boot == self.last_boot.get(host) else {}
 
     # -- reading
 
@@ -139,10 +146,8 @@ class HealFleet(SshFleet[HealProbe]):
         probe = HealProbe(
             name, **who, boot_id=boot_id if _BOOT_ID.fullmatch(boot_id) else None, uptime=uptime
         )
-        boot, resets = self.reset_at.get(name, ("", {}))
-        if boot != probe.boot_id:
-            resets = {}  # another boot: its kernel log starts afresh
-        probe.plan = plan_host(HostFacts(name, results), reset_at=resets)
+        self.last_boot[name] = probe.boot_id
+        probe.plan = plan_host(HostFacts(name, results), reset_at=self.reset_marks(name))
         if probe.plan.error:
             probe.error = f"evidence unreadable: {probe.plan.error}"
         return probe

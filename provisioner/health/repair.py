@@ -36,7 +36,7 @@ from provisioner.health.decide import NONE, REBOOT, UNKNOWN, HostPlan
 from provisioner.health.fleet import SERVICE_TAINT, HealFleet, HealProbe
 from provisioner.hosttext import short_safe_text
 from provisioner.rollout.engine import begin_new_run, execute
-from provisioner.rollout.model import Kube, ProgressFn, StepFailed
+from provisioner.rollout.model import ProgressFn, StepFailed
 from provisioner.rollout.plan import CHANGE, SKIP, BatchSize, Plan, Target
 from provisioner.rollout.plan import HostPlan as WavePlan
 from provisioner.rollout.state import (
@@ -49,7 +49,7 @@ from provisioner.rollout.state import (
     run_records,
 )
 
-CertifierFactory = Callable[[list[Any], Path, Kube | None], Certifier]
+CertifierFactory = Callable[[list[Any], Path, HealFleet], Certifier]
 """(the GPU hosts, the inventory, the cluster) → the certifier a run uses."""
 
 
@@ -335,16 +335,18 @@ def to_table(result: CycleResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def node_certifier(hosts: list[Any], inventory: Path, kube: Kube | None) -> Certifier:
+def node_certifier(hosts: list[Any], inventory: Path, fleet: HealFleet) -> Certifier:
     """Certification by `gpuprov certify` at the asked level (provisioner.health.certify_run), whose
-    result also sets or removes the node's `gpuprov.io/certified` label and annotation."""
+    result also sets or removes the node's `gpuprov.io/certified` label and annotation. The Xids a GPU
+    reset of this run answered do not count against the host (as for the repair's own judgement)."""
+    kube = fleet.kube
     from provisioner.health.certify_run import certify_target, mark_certified
     from provisioner.verification import ssh_targets
 
     targets = {t.name: t for t in ssh_targets(hosts, inventory=inventory)}
 
     def certify(host: str, level: str, node: str) -> tuple[bool, list[str]]:
-        result = certify_target(targets[host], level)
+        result = certify_target(targets[host], level, reset_at=fleet.reset_marks(host))
         reasons = list(result.reasons)
         if kube is not None:
             try:

@@ -116,6 +116,11 @@ class HostFacts:
             raise Unavailable(ERROR if bad else SKIP, f"{name}: {res.reason()}")
         return res
 
+    def settle(self, key: str, value: Any) -> None:
+        """What `parsed(key, ...)` gives from now on: a reading of the facts that knows more than they
+        do (the Xids a GPU reset since answered, say)."""
+        self._cache[key] = value
+
     def parsed(self, key: str, fn: Callable[[], T]) -> T:
         """fn's value (or the Unavailable it raised) under `key`, computed once; a ParseError is an error."""
         cached = self._cache.get(key, _MISSING)

@@ -110,6 +110,9 @@ def pci_device(pci: str) -> str:
     return f"{domain[-4:]}:{rest}"
 
 
+XIDS_KEY = "xids"
+
+
 def xids(facts: HostFacts) -> list[XidEvent]:
     def load() -> list[XidEvent]:
         res = facts.result(KERNEL_LOG)
@@ -117,7 +120,7 @@ def xids(facts: HostFacts) -> list[XidEvent]:
             raise Unavailable(ERROR, f"kernel log unreadable (needs root): {res.reason()}")
         return parse_kernel_log(res.stdout)
 
-    return facts.parsed("xids", load)
+    return facts.parsed(XIDS_KEY, load)
 
 
 def gpu_index_for_pci(facts: HostFacts, pci: str) -> tuple[int | None, str]:

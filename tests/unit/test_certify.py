@@ -501,3 +501,25 @@ def test_inventory_run_labels_the_nodes_through_the_control_plane(
         run_certify(
             inventory=inv, limit="cp1", kube_factory=lambda spec: pytest.fail("the cluster was touched")
         )
+
+
+def test_xids_a_gpu_reset_answered_do_not_block_certification() -> None:
+    """After remediate reset GPU 0, the Xid 48 the kernel logged before the reset stays in the boot's
+    log: certification counts it as answered (an Xid after the reset, or one a reset does not answer,
+    still blocks)."""
+    from verify_fixtures import kernel_log, xid_line
+
+    from provisioner.health.decide import forget_answered
+
+    def after_reset(*lines: str) -> HostFacts:
+        facts = HostFacts("gpu-01", results(host(**{"kernel-log.txt": (0, kernel_log(*lines), "")})))
+        forget_answered(facts, {"0000:00:06": 200.0})
+        return facts
+
+    logged = HostFacts(
+        "gpu-01", results(host(**{"kernel-log.txt": (0, kernel_log(xid_line(48, t=100.0)), "")}))
+    )
+    assert not decide(logged, "basic").certified
+    assert decide(after_reset(xid_line(48, t=100.0)), "basic").certified
+    assert not decide(after_reset(xid_line(48, t=300.0)), "basic").certified
+    assert not decide(after_reset(xid_line(79, t=100.0)), "basic").certified

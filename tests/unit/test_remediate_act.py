@@ -200,7 +200,7 @@ class Certifier:
         self.fail = set(fail)
         self.asked: list[tuple[str, str]] = []
 
-    def factory(self, hosts: list[Any], inventory: Path, kube: Any) -> Any:
+    def factory(self, hosts: list[Any], inventory: Path, fleet: Any) -> Any:
         def certify(host: str, level: str, node: str) -> tuple[bool, list[str]]:
             self.asked.append((host, level))
             return (host not in self.fail, [f"{host}: dcgm.diag: fail"] if host in self.fail else [])
@@ -559,10 +559,11 @@ def test_the_node_certifier_runs_certify_and_records_its_result_on_the_node(
 
     results = {"gpu1": CertResult("gpu1", "quick", "quick"), "gpu2": CertResult("gpu2", "quick", None)}
     results["gpu2"].missing.append("dcgmi is not installed: DCGM's level-1 diagnostic did not run")
-    monkeypatch.setattr(certify_run, "certify_target", lambda target, level: results[target.name])
+    monkeypatch.setattr(certify_run, "certify_target", lambda target, level, reset_at: results[target.name])
     fleet = Fleet([Host("gpu1"), Host("gpu2"), Host("gpu3")])
     hosts = load_inventory(inv).select("gpu_nodes")
-    certify = repair.node_certifier(hosts, inv, fleet.kube)  # type: ignore[arg-type]
+    fleet.reset_marks = lambda host: {}  # type: ignore[attr-defined]
+    certify = repair.node_certifier(hosts, inv, fleet)  # type: ignore[arg-type]
     ok, reasons = certify("gpu1", "quick", "gpu1")
     assert ok and fleet.hosts["gpu1"].labels["gpuprov.io/certified"] == "quick"
     fleet.hosts["gpu2"].labels["gpuprov.io/certified"] = "quick"
