@@ -171,12 +171,8 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         if self.fleet.kube is None:
             self._end(host, FAILED, "no control plane: not drained, nothing changed")
             return False
-        found = self._lookup_node(host, probe, "not cordoned or changed")
-        if found.ended:
-            return False
-        info = found.info
+        info = self._require_node(host, probe, "not cordoned or changed", "not drained, nothing changed")
         if info is None:
-            self._end(host, FAILED, f"no Kubernetes node {found.name}: not drained, nothing changed")
             return False
         self._event(info.name, "GpuprovRemediate", f"{plan.action}: {'; '.join(plan.reasons)[:800]}", True)
         if not self._cordon_and_drain(host, info.name, info.unschedulable):
@@ -260,33 +256,22 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         s = self.state.hosts[host]
         assert s.node is not None
         if after.error or not isinstance(after, HealProbe) or after.plan is None:
-            self.state.update(host, after=SERVICE)
-            self._leave_cordoned(host, FAILED, f"needs service: verify: host not readable: {after.error}")
-            return False
+            return self._needs_service(host, f"verify: host not readable: {after.error}")
         if after.plan.action != NONE:
-            self.state.update(host, after=SERVICE)
-            self._leave_cordoned(
-                host,
-                FAILED,
-                f"needs service: still {after.plan.action}: {'; '.join(after.plan.reasons)[:400]}",
+            return self._needs_service(
+                host, f"still {after.plan.action}: {'; '.join(after.plan.reasons)[:400]}"
             )
-            return False
         # The device plugin and the other operands come back before the node is judged: a node that
         # advertises no GPU is not fit for work, and certification reads what it advertises.
         problems = self._put_back(host, s.node, uncordon=False)
         if problems:
-            self._leave_cordoned(host, FAILED, "needs service: " + "; ".join(problems))
-            return False
+            return self._needs_service(host, "; ".join(problems))
         self.progress(host, "operands back; waiting for the node to advertise its GPUs")
         if not self.fleet.wait_advertised(s.node, ADVERTISE_WAIT, self.interrupted.is_set):
             self._check()
-            self.state.update(host, after=SERVICE)
-            self._leave_cordoned(
-                host,
-                FAILED,
-                f"needs service: node {s.node} advertises no GPU {ADVERTISE_WAIT:g} s after the repair",
+            return self._needs_service(
+                host, f"node {s.node} advertises no GPU {ADVERTISE_WAIT:g} s after the repair"
             )
-            return False
         level = self.opt.certify_level
         self.progress(host, f"certifying ({level})")
         try:
@@ -294,10 +279,8 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         except StepFailed as exc:
             ok, reasons = False, [exc.reason]
         if not ok:
-            self.state.update(host, after=SERVICE)
             why = "; ".join(short_safe_text(r, 300) for r in reasons[:8])
-            self._leave_cordoned(host, FAILED, f"needs service: certify {level} failed: {why}")
-            return False
+            return self._needs_service(host, f"certify {level} failed: {why}")
         self._step(host, UNCORDONING)
         problems = self._put_back(host, s.node)
         if problems:
@@ -307,6 +290,12 @@ class HealRollout(Rollout[HealFleet, HealOptions]):
         self._event(s.node, "GpuprovRepaired", f"{done}; certified {level}; uncordoned")
         self._end(host, CHANGED, f"{done}, certified {level}, uncordoned")
         return True
+
+    def _needs_service(self, host: str, why: str) -> bool:
+        """The repaired host is not fit for work: left for service (False, for the engine's host step)."""
+        self.state.update(host, after=SERVICE)
+        self._leave_cordoned(host, FAILED, f"needs service: {why}")
+        return False
 
     def _leave_cordoned(self, host: str, result: str, reason: str) -> None:
         """Left out of work: cordoned, tainted for service, the reason annotated, the operands back (their

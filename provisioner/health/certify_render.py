@@ -11,6 +11,7 @@ from provisioner.checks.model import ERROR, FAIL, SKIP, WARN
 from provisioner.health.certify import LEVELS, CertResult
 from provisioner.health.certify_run import CertRun
 from provisioner.hosttext import safe_text, short_safe_text
+from provisioner.report.junit import close_document, close_suite
 
 
 def to_json(run: CertRun) -> str:
@@ -82,11 +83,5 @@ def to_junit(run: CertRun) -> str:
                 counts["skipped"] += 1
         if r.warnings:
             ET.SubElement(suite, "system-out").text = "\n".join(safe_text(w) for w in r.warnings)
-        suite.set("time", f"{r.duration_s:.3f}")
-        for key, value in counts.items():
-            suite.set(key, str(value))
-            totals[key] += value
-    for key, value in totals.items():
-        root.set(key, str(value))
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+        close_suite(suite, counts, totals, r.duration_s)
+    return close_document(root, totals)

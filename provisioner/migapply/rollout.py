@@ -124,12 +124,10 @@ class MigRollout(Rollout[MigFleet, MigOptions]):
             return False
         layout = self.opt.layouts[host]
         self._keep_baseline(host, probe)
-        found = self._lookup_node(host, probe, "not cordoned or changed")
-        if found.ended:
-            return False
-        info = found.info
+        info = self._require_node(
+            host, probe, "not cordoned or changed", "the MIG manager runs on nodes only"
+        )
         if info is None:
-            self._end(host, FAILED, f"no Kubernetes node {found.name}: the MIG manager runs on nodes only")
             return False
         current = info.labels.get(CONFIG_LABEL)
         self.state.update(host, before=s.before or current or "unset", after=layout)

@@ -35,12 +35,23 @@ def render_junit(report: Report, *, fail_on: str = "warn") -> str:
                 counts["skipped"] += 1
             elif f.status == WARN:
                 ET.SubElement(case, "system-out").text = f"warn (severity {f.severity}): {f.detail}"
-        suite.set("time", f"{h.duration_s:.3f}")
-        for key, value in counts.items():
-            suite.set(key, str(value))
-            totals[key] += value
+        close_suite(suite, counts, totals, h.duration_s)
+    return close_document(root, totals, report.duration_s)
+
+
+def close_suite(suite: ET.Element, counts: dict[str, int], totals: dict[str, int], duration_s: float) -> None:
+    """A host's suite gets its time and counts; the document's totals add them up."""
+    suite.set("time", f"{duration_s:.3f}")
+    for key, value in counts.items():
+        suite.set(key, str(value))
+        totals[key] += value
+
+
+def close_document(root: ET.Element, totals: dict[str, int], duration_s: float | None = None) -> str:
+    """The document's totals (and time, when known), indented, with its XML declaration."""
     for key, value in totals.items():
         root.set(key, str(value))
-    root.set("time", f"{report.duration_s:.3f}")
+    if duration_s is not None:
+        root.set("time", f"{duration_s:.3f}")
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -346,6 +346,14 @@ class Rollout(ABC, Generic[FleetT, SettingsT]):
         self.state.update(host, node=info.name)
         return NodeLookup(info, info.name)
 
+    def _require_node(self, host: str, probe: HostProbe, untouched: str, needed: str) -> NodeInfo | None:
+        """The host's node (`_lookup_node`) for a change that cannot go without one: None when the host
+        ended here, `needed` saying why a node was needed when the cluster has none of that name."""
+        found = self._lookup_node(host, probe, untouched)
+        if not found.ended and found.info is None:
+            self._end(host, FAILED, f"no Kubernetes node {found.name}: {needed}")
+        return found.info
+
     def _cordon_and_drain(self, host: str, node: str, unschedulable: bool) -> bool:
         """Cordon (remembering whether someone else had), then drain or evict the GPU pods only. False: the
         host failed and the node is back as it was."""
