@@ -11,11 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
-from verify_fixtures import h200_probes, multi_gpu_pci, multi_gpu_xml, raw, results, set_gpu, write_snapshot
+from verify_fixtures import (
+    h200_probes,
+    invoke_verb,
+    multi_gpu_pci,
+    multi_gpu_xml,
+    raw,
+    results,
+    set_gpu,
+    write_snapshot,
+)
 
-from provisioner.cli import app
-from provisioner.errors import GpuprovError, InputError
+from provisioner.errors import InputError
 from provisioner.health import certify_render, certify_run
 from provisioner.health.certify import CertResult, decide
 from provisioner.health.certify_run import (
@@ -386,16 +393,7 @@ def test_the_table_shows_host_text_safely() -> None:
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    """The verb as `main` runs it: the return value is the exit code, a GpuprovError its own."""
-    result = CliRunner().invoke(app, ["certify", *args], standalone_mode=False)
-    exc = result.exception
-    if isinstance(exc, GpuprovError):
-        return exc.exit_code, result.stdout, str(exc)
-    if exc is not None:
-        shown = exc.format_message() if hasattr(exc, "format_message") else str(exc)  # click's usage text
-        return int(getattr(exc, "exit_code", 1)), result.stdout, shown
-    rv: Any = result.return_value
-    return int(rv), result.stdout, ""
+    return invoke_verb("certify", *args)
 
 
 def test_snapshot_replay_of_the_real_h100() -> None:

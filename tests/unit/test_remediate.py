@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 from verify_fixtures import (
     h200_probes,
+    invoke_verb,
     kernel_log,
     multi_gpu_pci,
     multi_gpu_xml,
@@ -21,8 +20,6 @@ from verify_fixtures import (
     xid_line,
 )
 
-from provisioner.cli import app
-from provisioner.errors import GpuprovError
 from provisioner.health.decide import (
     NONE,
     REBOOT,
@@ -219,16 +216,7 @@ def test_the_table_shows_host_text_safely() -> None:
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    """The verb as `main` runs it: the return value is the exit code, a GpuprovError its own."""
-    result = CliRunner().invoke(app, ["remediate", *args], standalone_mode=False)
-    exc = result.exception
-    if isinstance(exc, GpuprovError):
-        return exc.exit_code, result.stdout, str(exc)
-    if exc is not None:
-        shown = exc.format_message() if hasattr(exc, "format_message") else str(exc)  # click's usage text
-        return int(getattr(exc, "exit_code", 1)), result.stdout, shown
-    rv: Any = result.return_value
-    return int(rv), result.stdout, ""
+    return invoke_verb("remediate", *args)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from provisioner.errors import InputError
 from provisioner.executors import CommandResult
@@ -173,25 +174,22 @@ class Fleet:
         return None
 
 
-INVENTORY = """
-all:
-  children:
-    kube_control_plane:
-      hosts:
-        cp1: {ansible_host: 192.0.2.10}
-    gpu_nodes:
-      hosts:
-        gpu1: {ansible_host: 192.0.2.11}
-        gpu2: {ansible_host: 192.0.2.12}
-        gpu3: {ansible_host: 192.0.2.13}
-"""
+# cp1 the control plane, gpu1..gpu3 GPU nodes (documentation addresses: nothing is ever reached).
+INVENTORY = {
+    "all": {
+        "children": {
+            "kube_control_plane": {"hosts": {"cp1": {"ansible_host": "192.0.2.10"}}},
+            "gpu_nodes": {"hosts": {f"gpu{i}": {"ansible_host": f"192.0.2.1{i}"} for i in (1, 2, 3)}},
+        }
+    }
+}
 
 
 @pytest.fixture
 def inv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
     path = tmp_path / "inventory.yml"
-    path.write_text(INVENTORY)
+    path.write_text(yaml.safe_dump(INVENTORY))
     return path
 
 

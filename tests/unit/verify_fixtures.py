@@ -195,3 +195,21 @@ def multi_gpu_xml(n: int = 8, drop: tuple[int, ...] = ()) -> str:
 
 def multi_gpu_pci(n: int = 8) -> str:
     return "".join(pci_line(bus) + "\n" for bus in HGX_BUSES[:n])
+
+
+def invoke_verb(verb: str, *args: str) -> tuple[int, str, str]:
+    """`gpuprov VERB ARGS` as `main` runs it: (exit code, stdout, the error's text). The return value is
+    the exit code; a GpuprovError gives its own, a usage error click's."""
+    from typer.testing import CliRunner
+
+    from provisioner.cli import app
+    from provisioner.errors import GpuprovError
+
+    result = CliRunner().invoke(app, [verb, *args], standalone_mode=False)
+    exc = result.exception
+    if isinstance(exc, GpuprovError):
+        return exc.exit_code, result.stdout, str(exc)
+    if exc is not None:
+        shown = exc.format_message() if hasattr(exc, "format_message") else str(exc)  # click's usage text
+        return int(getattr(exc, "exit_code", 1)), result.stdout, shown
+    return int(result.return_value), result.stdout, ""
