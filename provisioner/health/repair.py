@@ -203,7 +203,7 @@ def run_cycle(
                 names,
                 limit,
                 options,
-                certifier_factory(hosts, inventory, fleet.kube),
+                certifier_factory(hosts, inventory, fleet),
                 progress,
             )
         finally:

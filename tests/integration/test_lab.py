@@ -331,6 +331,8 @@ def test_faults_reach_the_host_and_clear(lab: Lab) -> None:
         assert lab.cli("lab", "fault", "gpu2", "xid", "--gpu", "1", "--xid", "48").returncode == 0
         assert lab.cli("lab", "fault", "gpu2", "ecc", "--gpu", "2").returncode == 0
         seen = json.loads(lab.ssh("gpu2", "cat /etc/gpuprov-lab/faults.json").stdout)
+        # Each injected GPU fault is an event with an id of its own (a reset or reboot clears events).
+        assert all(f.pop("id") for f in seen["faults"])
         assert seen == {"faults": [{"kind": "xid", "gpu": 1, "xid": 48}, {"kind": "ecc", "gpu": 2}]}
         # The host cannot change what the controller injected.
         ro = lab.ssh("gpu2", "echo '{}' > /etc/gpuprov-lab/faults.json")

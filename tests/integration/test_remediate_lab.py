@@ -128,9 +128,15 @@ def heal(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hea
         env.kubectl("delete deployment heal-gpu --ignore-not-found --wait=false", check=False)
         for host in GPU_HOSTS:
             env.put_back(host)
-        # DCGM off again: the lab as the other phases expect it (the driver stage never removes it).
-        lab.ssh("gpu2", "systemctl stop nvidia-dcgm.service; DEBIAN_FRONTEND=noninteractive "
-                        "apt-get purge -y -q 'datacenter-gpu-manager-4-*' >/dev/null")  # fmt: skip
+        # DCGM off again, and the host engine a test started by hand: the lab as the other phases expect
+        # it (the driver stage never removes DCGM; it holds its packages).
+        undo = lab.ssh(
+            "gpu2",
+            "systemctl stop gpuprov-test-hostengine nvidia-dcgm.service; DEBIAN_FRONTEND=noninteractive "
+            "apt-get purge -y -q --allow-change-held-packages 'datacenter-gpu-manager-4-*' >/dev/null "
+            "&& ! command -v dcgmi",
+        )  # fmt: skip
+        assert undo.returncode == 0, f"DCGM left on gpu2: {undo.stdout}{undo.stderr}"
 
 
 GPU_DEPLOYMENT = """

@@ -199,6 +199,8 @@ class Certifier:
         self.asked: list[tuple[str, str]] = []
 
     def factory(self, hosts: list[Any], inventory: Path, fleet: Any) -> Any:
+        assert isinstance(fleet, Fleet)  # the run's fleet: its reset marks and cluster
+
         def certify(host: str, level: str, node: str) -> tuple[bool, list[str]]:
             self.asked.append((host, level))
             return (host not in self.fail, [f"{host}: dcgm.diag: fail"] if host in self.fail else [])
