@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.errors import InputError
@@ -89,6 +89,9 @@ class HealOptions:
     budget_used: int = 0  # hosts drained within the budget's period before this run
     out_before: int = 0  # nodes already out of work (left for service) when the run began
     reboot_timeout: float = DEFAULT_REBOOT_TIMEOUT
+    # GPU resets made by this process (host → boot id, PCI device → uptime before the reset), kept from
+    # one --watch cycle to the next. A later invocation does not know them (docs/health.md).
+    resets: dict[str, tuple[str, dict[str, float]]] = field(default_factory=dict)
     # What the engine reads.
     pause: bool = False
     max_fail: int = 1_000_000  # the circuit breaker decides when to stop, not a failure count

@@ -195,6 +195,8 @@ def run_cycle(
     names = [h.name for h in hosts]
     with inventory_lock(inv_key):
         fleet = fleet_factory(hosts=hosts, control_plane=control)
+        # The GPU resets of earlier --watch cycles: their Xids stay in the boot's kernel log, answered.
+        fleet.reset_at = options.resets
         try:
             return _cycle(
                 fleet,

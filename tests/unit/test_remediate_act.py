@@ -401,6 +401,7 @@ def test_watch_runs_cycles_until_interrupted(inv: Path) -> None:
         sleep=sleep,
     )  # fmt: skip
     assert rc == 0 and sleeps == [5, 5] and len(shown) == 2
+    assert fleet.reset_at is options.resets  # a reset's marks outlive the cycle that made it
     assert outcomes(shown[0])["gpu1"] == "repaired" and outcomes(shown[1])["gpu2"] == "repaired"
 
 
