@@ -232,7 +232,9 @@ def _nvlink(
     if gpus_on_host == 1 and spec.value and (mine is None or not mine.links):
         # A host given one GPU of a multi-GPU board (a VM with one GPU passed through, as the real H100
         # and H200 hosts gpuprov was run on) shows no NVLink at all: there is no peer to link to.
-        warnings.append(f"GPU {gpu.index}: no NVLink exposed on this one-GPU host: links not judged")
+        warnings.append(
+            "no NVLink exposed on this one-GPU host: links not judged"
+        )  # the caller names the GPU
         return Judgement("nvlink", SKIP, "not judged: the host has one GPU and shows no NVLink")
     if mine is None:
         return Judgement("nvlink", FAIL, f"nvidia-smi nvlink -s lists no GPU {gpu.index}")
