@@ -37,4 +37,4 @@ grep -q '^MOCK_NVML_CONFIG=' /etc/environment 2>/dev/null ||
   echo 'MOCK_NVML_CONFIG=/run/gpuprov-lab/nvml.yaml' >> /etc/environment
 
 python3 -c 'import sys; sys.path.insert(0, "/usr/lib/gpuprov-lab"); import gpu.boot'
-systemctl enable gpuprov-lab-hardware.service gpuprov-lab-faultwatch.service gpuprov-lab-cgroup-unified.service
+systemctl enable gpuprov-lab-hardware.service gpuprov-lab-faultwatch.service
