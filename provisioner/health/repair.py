@@ -105,15 +105,38 @@ def check_options(
     )
 
 
+RESETS_FILE = "resets.json"
+
+
 def _earlier_runs(inventory: str) -> Iterator[dict[str, Any]]:
-    """The state of each earlier remediate run on this inventory, newest first."""
+    """The state of each earlier remediate run on this inventory, newest first (`record`: its folder)."""
     for path in run_records(REMEDIATE.verb):
         try:
             doc = json.loads((path / "state.json").read_text())
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and doc.get("inventory") == inventory:
-            yield doc
+            yield {**doc, "record": path}
+
+
+def earlier_resets(inventory: str) -> dict[str, tuple[str, dict[str, float]]]:
+    """The GPU resets the latest earlier run on this inventory made (host → boot id, PCI device → uptime
+    before the reset), read back from its record; the fleet uses them only while the host is still in
+    that boot. A record without them, or with anything else in their place, gives none."""
+    for doc in _earlier_runs(inventory):
+        try:
+            raw = json.loads((doc["record"] / RESETS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        out: dict[str, tuple[str, dict[str, float]]] = {}
+        for host, entry in raw.items() if isinstance(raw, dict) else ():
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+                continue
+            marks = entry[1] if isinstance(entry[1], dict) else {}
+            kept = {str(k): float(v) for k, v in marks.items() if isinstance(v, (int, float)) and v >= 0}
+            out[str(host)] = (entry[0][:64], dict(list(kept.items())[:64]))
+        return out
+    return {}
 
 
 def drained_since(inventory: str, since: float) -> int:
@@ -195,7 +218,10 @@ def run_cycle(
     names = [h.name for h in hosts]
     with inventory_lock(inv_key):
         fleet = fleet_factory(hosts=hosts, control_plane=control)
-        # The GPU resets of earlier --watch cycles: their Xids stay in the boot's kernel log, answered.
+        # The GPU resets of earlier runs and --watch cycles: their Xids stay in the boot's kernel log,
+        # answered (the fleet uses a mark only while its host is in the boot it was made in).
+        for host, marks in earlier_resets(inv_key).items():
+            options.resets.setdefault(host, marks)
         fleet.reset_at = options.resets
         try:
             return _cycle(
@@ -288,6 +314,7 @@ def _cycle(
     if outcome.status == "interrupted":
         result.exit_code = EXIT_INTERRUPTED
     records.write_json(state.path.parent / "summary.json", to_doc(result))
+    records.write_json(state.path.parent / RESETS_FILE, {h: [b, m] for h, (b, m) in options.resets.items()})
     return result
 
 

@@ -130,6 +130,7 @@ class Fleet:
         self.events: list[tuple[str, str, str]] = []
         self.kube = Kube(self)
         self.poll_s = 0.0
+        self.reset_at: dict[str, Any] = {}
 
     def log(self, what: str, name: str) -> None:
         self.calls.append((what, name))
@@ -148,6 +149,7 @@ class Fleet:
             return ResetOutcome(False, "GPU reset failed: GPU 0: Unable to reset this GPU")
         if h.fault and FAULTS[h.fault][1]:
             h.fault = None
+        self.reset_at[host] = ("boot-1", {"0000:19:00": 5000.0})  # as the real fleet marks a reset
         return ResetOutcome(True, "GPU reset: GPU 0: GPU 00000000:19:00.0 was successfully reset.")
 
     def reboot(self, host: str, timeout: float, stop: Any) -> str:
@@ -571,3 +573,27 @@ def test_the_node_certifier_runs_certify_and_records_its_result_on_the_node(
     ok, reasons = certify("gpu2", "quick", "gpu2")
     assert not ok and "dcgmi is not installed" in reasons[0]
     assert "gpuprov.io/certified" not in fleet.hosts["gpu2"].labels
+
+
+def test_a_later_run_knows_the_gpu_resets_an_earlier_run_made(inv: Path) -> None:
+    """The resets of a run go to its record; the next invocation reads them back (the fleet uses a mark
+    only while its host is still in that boot)."""
+    fleet = Fleet([Host("gpu1", "xid48"), Host("gpu2"), Host("gpu3")])
+    first = run(inv, fleet)
+    assert outcomes(first)["gpu1"] == "repaired"
+    marks = {"gpu1": ("boot-1", {"0000:19:00": 5000.0})}
+    assert repair.earlier_resets(str(inv.resolve())) == marks
+    fleet.reset_at = {}
+    run(inv, fleet)  # a new invocation: its options start empty
+    assert fleet.reset_at == marks
+
+
+def test_resets_read_back_from_a_record_are_bounded_and_checked(inv: Path) -> None:
+    fleet = Fleet([Host("gpu1", "xid48"), Host("gpu2"), Host("gpu3")])
+    record = Path(run(inv, fleet).record or "")
+    (record / repair.RESETS_FILE).write_text(
+        json.dumps({"gpu1": ["b" * 500, {"0000:19:00": -1, "x": "y", "0000:1a:00": 7.5}], "gpu2": "junk"})
+    )
+    assert repair.earlier_resets(str(inv.resolve())) == {"gpu1": ("b" * 64, {"0000:1a:00": 7.5})}
+    (record / repair.RESETS_FILE).write_text("[not json")
+    assert repair.earlier_resets(str(inv.resolve())) == {}
