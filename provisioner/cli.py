@@ -152,6 +152,41 @@ def bootstrap(
 
 
 @app.command()
+def reset(
+    inventory: InventoryOpt = None,
+    only: Annotated[
+        str | None, typer.Option(help="Comma-separated stages to take back (default: all).")
+    ] = None,
+    skip: Annotated[str | None, typer.Option(help="Comma-separated stages to leave in place.")] = None,
+    limit: LimitOpt = None,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Dry run: list per host what would be removed or restored, with diffs."),
+    ] = False,
+    yes: YesOpt = False,
+    remove_crds: Annotated[
+        bool,
+        typer.Option("--remove-crds", help="Also delete the GPU Operator's CRDs (and every object of them)."),
+    ] = False,
+    forks: ForksOpt = 20,
+    output_format: FormatOpt = OutputFormat.table,
+) -> int:
+    """Take hosts back, stage by stage in reverse (GPU Operator first, driver last), to how gpuprov found
+    them: what each stage installed, held, pinned and wrote, from the host's own ledger; then prove it."""
+    from provisioner.reset.verb import run_reset
+
+    verb = partial(
+        run_reset,
+        inventory=inventory,
+        only=_split(only),
+        skip=_split(skip),
+        limit=limit,
+        remove_crds=remove_crds,
+    )
+    return _run_playbook_verb(verb, check=check, yes=yes, forks=forks, output_format=output_format)
+
+
+@app.command()
 def stages() -> int:
     """List the bootstrap stages in the order they run."""
     from provisioner.stages import STAGES

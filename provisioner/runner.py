@@ -130,6 +130,8 @@ def _diff_text(res: dict[str, Any]) -> str:
     import difflib
 
     diffs = res.get("diff")
+    if diffs is None and isinstance(res.get("results"), list):
+        return _loop_diff_text(res["results"])
     if isinstance(diffs, dict):
         diffs = [diffs]
     if not isinstance(diffs, list):
@@ -158,6 +160,22 @@ def _diff_text(res: dict[str, Any]) -> str:
                 str(d.get("after_header") or "after"),
             )
         )
+    if len(out) > MAX_DIFF_LINES:
+        out = [*out[:MAX_DIFF_LINES], f"... ({len(out) - MAX_DIFF_LINES} more lines in the run record)"]
+    return "\n".join(out)
+
+
+def _loop_diff_text(results: list[Any]) -> str:
+    """A loop's changed items, each under a line naming it, with the item's own diff."""
+    out: list[str] = []
+    for r in results:
+        if not isinstance(r, dict) or not r.get("changed"):
+            continue
+        label = r.get("_ansible_item_label", r.get("item", ""))
+        out.append(f"== {label if isinstance(label, str) else json.dumps(label, default=str)}")
+        text = _diff_text({k: v for k, v in r.items() if k != "results"})
+        if text:
+            out.extend(text.splitlines())
     if len(out) > MAX_DIFF_LINES:
         out = [*out[:MAX_DIFF_LINES], f"... ({len(out) - MAX_DIFF_LINES} more lines in the run record)"]
     return "\n".join(out)
@@ -223,6 +241,8 @@ class _EventSink:
             if got.get(REBOOT_PENDING_FACT) is True or str(got.get(REBOOT_PENDING_FACT)).lower() == "true":
                 self.result.reboot_pending.add(host)
         diff = _diff_text(res) if changed else ""
+        if changed and not diff and isinstance(res.get("msg"), str):
+            diff = res["msg"]  # a changed task without a diff says what it did (or would do) in words
         self._emit(Event(kind, host, stage, task, changed, message, facts, diff))
 
     def _stats(self, data: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ class PlaybookVerb:
     tags: list[str] | None  # the Ansible tags to run (None: the whole playbook)
     checks: Callable[[Any], list[str]]  # a host's verification check ids
     expects: list[str]  # the stages whose settings verification expects on the hosts
+    extravars: dict[str, Any] | None = None  # given to the playbook as extra variables
 
     def open_inventory(self, inventory: Path) -> Any:
         """The inventory, once the playbook is known to be there."""
@@ -181,7 +182,12 @@ def need_inventory(inventory: Path | None) -> Path:
 
 
 def choose_hosts(
-    inv: Any, inventory: Path, limit: str | None, stages: list[str], controls: RunControls
+    inv: Any,
+    inventory: Path,
+    limit: str | None,
+    stages: list[str],
+    controls: RunControls,
+    verb: str = "bootstrap",
 ) -> list[Any]:
     """The hosts `limit` selects, their settings valid, and (unless in check mode) the go-ahead to change
     them: --yes, or `controls.confirm` answering yes (None: nobody to ask)."""
@@ -196,7 +202,9 @@ def choose_hosts(
             f"refusing to change {len(hosts)} host(s) without --yes (standard input is not a terminal)"
         )
     names = ", ".join(h.name for h in hosts[:8]) + (" ..." if len(hosts) > 8 else "")
-    if not controls.confirm(f"Bootstrap {len(hosts)} host(s) ({names}) through {', '.join(stages)}?"):
+    if not controls.confirm(
+        f"{verb.capitalize()} {len(hosts)} host(s) ({names}) through {', '.join(stages)}?"
+    ):
         raise InputError("not confirmed; nothing was changed")
     return hosts
 
@@ -206,7 +214,7 @@ def choose_and_run(
 ) -> VerbResult:
     """The verb on the hosts `limit` selects, once choose_hosts has them: bad input raises InputError
     before any host is touched."""
-    hosts = choose_hosts(inv, inventory, limit, spec.stages, controls)
+    hosts = choose_hosts(inv, inventory, limit, spec.stages, controls, spec.verb)
     return run(spec, inventory=inventory, hosts=hosts, limit=limit, controls=controls)
 
 
@@ -255,6 +263,7 @@ def run(
             tags=spec.tags,
             check=controls.check,
             forks=controls.forks,
+            extravars=spec.extravars,
             on_event=on_playbook_event,
         )
         interrupted = result.interrupted

@@ -151,3 +151,26 @@ def test_a_failed_commands_reason_is_its_own_last_words() -> None:
         == "non-zero return code"
     )
     assert _message({"msg": "Could not find the package", "stderr": "E: x"}) == "Could not find the package"
+
+
+def test_a_loops_changed_items_each_show_under_their_label() -> None:
+    """check mode's list of changes: a loop's result carries its diffs per item, not at the top."""
+    from provisioner.runner import _diff_text
+
+    res = {
+        "changed": True,
+        "results": [
+            {
+                "changed": True,
+                "_ansible_item_label": "/etc/fstab",
+                "diff": {"before": "# swap off\n", "after": "/dev/sda2 none swap sw 0 0\n"},
+            },
+            {"changed": False, "_ansible_item_label": "/etc/hosts", "diff": {"before": "a", "after": "b"}},
+            {"changed": True, "item": "containerd"},
+        ],
+    }
+    text = _diff_text(res)
+    assert text.splitlines()[0] == "== /etc/fstab"
+    assert "-# swap off" in text and "+/dev/sda2 none swap sw 0 0" in text
+    assert "/etc/hosts" not in text  # unchanged items are not listed
+    assert text.splitlines()[-1] == "== containerd"

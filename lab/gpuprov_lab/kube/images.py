@@ -13,7 +13,8 @@ and the MIG manager image (nvidia-mig-manager, nvidia-mig-parted, nvidia-ctk), e
 binaries built from NVIDIA's source on Debian's glibc, with busybox as the images carry it. What is
 not built here is missing (the CUDA vectorAdd sample the validator's workload pods run, the MPS
 control daemon) or, where an operand cannot start without it, a labelled stand-in: the device
-plugin's config-manager (its sidecar and init container), which picks the node's sharing profile.
+plugin's config-manager (its sidecar and init container), which picks the node's sharing profile, and
+the operator's cleanup-gpuclusters, which the chart's pre-delete hook runs on `helm uninstall`.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ MIG_MANAGER_VERSION = "v0.15.0"
 BUSYBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/busybox"
 # The lab's stand-in for the device plugin's config-manager (SIMULATED: no build of it exists here).
 CONFIG_MANAGER = Path(__file__).resolve().parent / "files" / "config-manager"
+# And for the operator's cleanup-gpuclusters, which the chart's pre-delete hook runs (SIMULATED: the
+# vendored build of the operator does not include it).
+CLEANUP_GPUCLUSTERS = Path(__file__).resolve().parent / "files" / "cleanup-gpuclusters"
 
 
 def glibc_busybox() -> dict[str, Entry]:
@@ -157,6 +161,8 @@ def operator_image() -> Image:
     img.files.update(
         _tree(vendor.artifact("gpu-operator", "validator-manifests"), "/opt/validator/manifests")
     )
+    img.files["/usr/bin/cleanup-gpuclusters"] = Entry(source=CLEANUP_GPUCLUSTERS, mode=0o755)
+    img.files["/usr/bin/kubectl"] = Entry(source=vendor.kubectl(), mode=0o755)  # the stand-in's client
     chart = vendor.artifact("gpu-operator", "chart")
     for crd in (
         "nvidia.com_clusterpolicies.yaml",
