@@ -1,14 +1,15 @@
 """`gpuprov reset` on the session lab, through the real CLI, held to the hosts' own state as the session
 read it before gpuprov first ran (tests/integration/conftest.py), not to reset's own ledger.
 
-In this order: `--check` on gpu1 lists what would go (packages, holds, files with their diffs) and
-changes nothing → reset of gpu1 (drained and deleted from the cluster, then every stage in reverse):
-exactly the packages, holds, apt sources, keyrings and engine files it had before (daemon.json and
-containerd's config.toml as another tool left them, which gpuprov merged into), and none of the stack's
-directories that were not there → a second reset changes nothing → `reset --only gpu_operator` takes
-the operator out of the cluster and helm off cp1, nothing else → one bootstrap of the whole fleet brings
-both back (the other GPU hosts unchanged, cp1 changed in the gpu_operator stage only) and verify passes.
-The fleet ends as the default settings make it, for the next phase.
+In this order: `reset --only gpu_operator` takes the operator out of the cluster and helm off cp1,
+nothing else → a bootstrap of the whole fleet restores just that (cp1 changes in the gpu_operator stage
+only, the GPU hosts not at all) and verify passes → `--check` on gpu1 lists what would go (packages,
+holds, files with their diffs) and changes nothing → reset of gpu1 (drained and deleted from the
+cluster, then every stage in reverse): exactly the packages, holds, apt sources, keyrings and engine
+files it had before (daemon.json and containerd's config.toml as another tool left them, which gpuprov
+merged into), and none of the stack's directories that were not there → a second reset changes nothing
+→ a bootstrap brings gpu1 back and verify passes. The fleet ends as the default settings make it, for
+the next phase.
 """
 
 from __future__ import annotations
@@ -46,9 +47,49 @@ def kubectl(lab: Lab, command: str) -> Any:
     return json.loads(res.stdout)
 
 
+def changed_stages(doc: dict[str, Any]) -> dict[str, list[str]]:
+    return {
+        h["host"]: sorted(s for s, state in h["stages"].items() if state == "changed") for h in doc["hosts"]
+    }
+
+
+def bootstrap_all(lab: Lab) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """A bootstrap of the whole fleet: every host done and verified clean."""
+    rc, doc, err = run(lab, "bootstrap", "--yes", timeout=3600)
+    assert rc == 0, f"{[h for h in doc['hosts'] if h['status'] != 'done']}\n{err[-4000:]}"
+    for h in doc["hosts"]:
+        assert h["status"] == "done" and h["verify"] is not None, h  # verified, nothing found
+    return doc, changed_stages(doc)
+
+
 @pytest.fixture(scope="module")
 def fleet(bootstrapped) -> Any:
     return bootstrapped
+
+
+def test_reset_of_the_operator_alone_leaves_the_rest(fleet) -> None:
+    lab: Lab = fleet.lab
+    others = {h: host_state(lab, h) for h in lab.hosts if h not in ("cp1", WORKER)}
+    rc, doc, err = run(lab, "reset", "--only", "gpu_operator", "--yes")
+    assert rc == 0, f"{doc}\n{err[-4000:]}"
+    assert set(by_host(doc)["cp1"]["stages"]) == {"Facts", "gpu_operator", "proof"}
+    namespaces = {n["metadata"]["name"] for n in kubectl(lab, "get namespaces")["items"]}
+    assert "gpu-operator" not in namespaces
+    for node in kubectl(lab, "get nodes")["items"]:
+        left = [k for k in node["metadata"].get("labels", {}) if k.startswith("nvidia.com/")]
+        assert left == [], (node["metadata"]["name"], left)
+    assert lab.ssh("cp1", "command -v helm").returncode != 0
+    cp1 = host_state(lab, "cp1")
+    assert "kubeadm" in cp1.packages and "/etc/kubernetes" in cp1.dirs  # Kubernetes stays
+    assert {h: s.differences(host_state(lab, h)) for h, s in others.items()} == {h: [] for h in others}
+
+
+def test_a_bootstrap_restores_just_the_operator(fleet) -> None:
+    lab: Lab = fleet.lab
+    _doc, changed = bootstrap_all(lab)
+    assert changed == {h: (["gpu_operator"] if h == "cp1" else []) for h in lab.hosts}, changed
+    namespaces = {n["metadata"]["name"] for n in kubectl(lab, "get namespaces")["items"]}
+    assert "gpu-operator" in namespaces
 
 
 def test_check_lists_what_would_go_and_changes_nothing(fleet) -> None:
@@ -94,38 +135,12 @@ def test_a_second_reset_changes_nothing(fleet) -> None:
     assert fleet.before[WORKER].differences(host_state(lab, WORKER)) == []
 
 
-def test_reset_of_the_operator_alone_leaves_the_rest(fleet) -> None:
+def test_a_bootstrap_brings_the_worker_back_and_verify_passes(fleet) -> None:
     lab: Lab = fleet.lab
-    others = {h: host_state(lab, h) for h in lab.hosts if h not in ("cp1", WORKER)}
-    rc, doc, err = run(lab, "reset", "--only", "gpu_operator", "--yes")
-    assert rc == 0, f"{doc}\n{err[-4000:]}"
-    assert set(by_host(doc)["cp1"]["stages"]) == {"Facts", "gpu_operator", "proof"}
-    namespaces = {n["metadata"]["name"] for n in kubectl(lab, "get namespaces")["items"]}
-    assert "gpu-operator" not in namespaces
-    for node in kubectl(lab, "get nodes")["items"]:
-        left = [k for k in node["metadata"].get("labels", {}) if k.startswith("nvidia.com/")]
-        assert left == [], (node["metadata"]["name"], left)
-    assert lab.ssh("cp1", "command -v helm").returncode != 0
-    cp1 = host_state(lab, "cp1")
-    assert "kubeadm" in cp1.packages and "/etc/kubernetes" in cp1.dirs  # Kubernetes stays
-    assert {h: s.differences(host_state(lab, h)) for h, s in others.items()} == {h: [] for h in others}
-
-
-def test_bootstrap_brings_them_back_and_verify_passes(fleet) -> None:
-    lab: Lab = fleet.lab
-    rc, doc, err = run(lab, "bootstrap", "--yes", timeout=3600)
-    hosts = by_host(doc)
-    assert rc == 0, f"{[h for h in doc['hosts'] if h['status'] != 'done']}\n{err[-4000:]}"
-    for h in hosts.values():
-        assert h["status"] == "done" and h["verify"] is not None, h  # verified, nothing found
-    changed = {
-        n: sorted(s for s, state in h["stages"].items() if state == "changed") for n, h in hosts.items()
-    }
-    assert changed["cp1"] == ["gpu_operator"], changed
+    _doc, changed = bootstrap_all(lab)
+    assert {"nvidia_driver", "docker", "kubernetes"} <= set(changed[WORKER]), changed
     for name in lab.hosts:
         if name not in ("cp1", WORKER):
             assert changed[name] == [], (name, changed)
-    assert {"nvidia_driver", "docker", "kubernetes"} <= set(changed[WORKER])
-    nodes = {n["metadata"]["name"]: n for n in kubectl(lab, "get nodes")["items"]}
-    assert WORKER in nodes
-    assert int(nodes[WORKER]["status"]["allocatable"].get("nvidia.com/gpu", "0")) > 0
+    node = kubectl(lab, f"get node {WORKER}")
+    assert int(node["status"]["allocatable"].get("nvidia.com/gpu", "0")) > 0

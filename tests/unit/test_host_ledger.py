@@ -174,6 +174,21 @@ def test_reset_takes_back_exactly_what_the_stage_added_and_the_proof_holds(host:
     assert again["recorded"] is False and again["packages"] == []
 
 
+def test_a_file_that_was_there_before_and_a_purge_took_comes_back(host: Host) -> None:
+    """The site's own containerd config.toml, untouched by the stage, goes with the package's purge
+    (dpkg took it as the package's conffile): the plan read after the purge puts it back."""
+    host.start("docker")
+    run_docker_stage(host)
+    host.run("end", "docker")
+    assert str(host.p("etc/containerd/config.toml")) not in [
+        r["path"] for r in host.run("plan", "docker")["restore"]
+    ]
+    host.p("etc/containerd/config.toml").unlink()  # what the purge did
+    plan = host.run("plan", "docker")
+    (item,) = [r for r in plan["restore"] if r["path"].endswith("config.toml")]
+    assert Path(item["kept"]).read_text() == "version = 2\n" and plan["foreign"] == []
+
+
 def test_a_file_someone_else_changed_is_reported_and_left(host: Host) -> None:
     host.start("docker")
     run_docker_stage(host)

@@ -288,7 +288,21 @@ def cmd_plan(led: Ledger, stage: str, later: list[str]) -> dict[str, Any]:
     for f, entry in sorted(doc["files"].items()):
         cur = now.get(f) if f in now else (sha256(f) if os.path.isfile(f) else None)
         original = entry.get("original")
-        if cur is None or cur == original:
+        if cur == original or (cur is None and original is None):
+            continue
+        if cur is None:  # there before the stage and gone now (a purged package took it): back it comes
+            if entry.get("kept"):
+                plan["restore"].append(
+                    {
+                        "path": f,
+                        "kept": entry["kept"],
+                        "mode": f"{entry['mode']:04o}",
+                        "uid": entry["uid"],
+                        "gid": entry["gid"],
+                    }
+                )
+            else:
+                plan["foreign"].append({"path": f, "why": "gone, and its original was too large to keep"})
             continue
         if cur not in shas.get(f, []):
             plan["foreign"].append({"path": f, "why": "changed by someone else since gpuprov wrote it"})
