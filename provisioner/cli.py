@@ -173,7 +173,7 @@ def reset(
 ) -> int:
     """Take hosts back, stage by stage in reverse (GPU Operator first, driver last), to how gpuprov found
     them: what each stage installed, held, pinned and wrote, from the host's own ledger; then prove it."""
-    from provisioner.reset.verb import run_reset
+    from provisioner.reset.verb import progress_filter, run_reset
 
     verb = partial(
         run_reset,
@@ -183,7 +183,10 @@ def reset(
         limit=limit,
         remove_crds=remove_crds,
     )
-    return _run_playbook_verb(verb, check=check, yes=yes, forks=forks, output_format=output_format)
+    shown = progress_filter(_split(only), _split(skip))
+    return _run_playbook_verb(
+        verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
+    )
 
 
 @app.command()

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import InputError
-from provisioner.playbookverb.run import PlaybookVerb, RunControls, VerbResult, choose_and_run, need_inventory
+from provisioner.playbookverb.run import (
+    FACTS_PLAY,
+    PlaybookVerb,
+    RunControls,
+    VerbResult,
+    choose_and_run,
+    need_inventory,
+)
 
 RESET_PLAYBOOK = PLAYBOOKS_DIR / "reset.yml"
 PROOF_PLAY = "proof"
@@ -49,6 +56,13 @@ def reset_stages(only: list[str], skip: list[str]) -> list[str]:
     if not chosen:
         raise InputError("--only/--skip leave no stage to take back")
     return chosen
+
+
+def progress_filter(only: list[str], skip: list[str]) -> set[str] | None:
+    """The plays whose progress to show (None: all): the plays of the stages left out still start
+    (their argument checks are tagged always), only their failures show."""
+    chosen = reset_stages(only, skip)
+    return None if len(chosen) == len(RESETTABLE) else {FACTS_PLAY, *chosen, PROOF_PLAY}
 
 
 def run_reset(
