@@ -120,6 +120,27 @@ def _run_playbook_verb(
     return show(result, output_format.value)
 
 
+def _run_stage_verb(
+    run: Callable[..., VerbResult],
+    progress_filter: Callable[[list[str], list[str]], set[str] | None],
+    only: str | None,
+    skip: str | None,
+    *,
+    check: bool,
+    yes: bool,
+    forks: int,
+    output_format: OutputFormat,
+    **options: Any,
+) -> int:
+    """A verb that goes stage by stage (bootstrap, reset): --only/--skip resolved, then run with the
+    live progress of the stages it takes."""
+    verb = partial(run, only=_split(only), skip=_split(skip), **options)
+    shown = progress_filter(_split(only), _split(skip))
+    return _run_playbook_verb(
+        verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
+    )
+
+
 @app.command()
 def bootstrap(
     inventory: InventoryOpt = None,
@@ -137,18 +158,10 @@ def bootstrap(
     """Take hosts from bare OS to GPU Operator, stage by stage, then verify them."""
     from provisioner.bootstrap.verb import progress_filter, run_bootstrap
 
-    verb = partial(
-        run_bootstrap,
-        inventory=inventory,
-        only=_split(only),
-        skip=_split(skip),
-        limit=limit,
-        retry_failed=retry_failed,
-    )
-    shown = progress_filter(_split(only), _split(skip))
-    return _run_playbook_verb(
-        verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
-    )
+    return _run_stage_verb(
+        run_bootstrap, progress_filter, only, skip, check=check, yes=yes, forks=forks,
+        output_format=output_format, inventory=inventory, limit=limit, retry_failed=retry_failed,
+    )  # fmt: skip
 
 
 @app.command()
@@ -175,18 +188,10 @@ def reset(
     them: what each stage installed, held, pinned and wrote, from the host's own ledger; then prove it."""
     from provisioner.reset.verb import progress_filter, run_reset
 
-    verb = partial(
-        run_reset,
-        inventory=inventory,
-        only=_split(only),
-        skip=_split(skip),
-        limit=limit,
-        remove_crds=remove_crds,
-    )
-    shown = progress_filter(_split(only), _split(skip))
-    return _run_playbook_verb(
-        verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
-    )
+    return _run_stage_verb(
+        run_reset, progress_filter, only, skip, check=check, yes=yes, forks=forks,
+        output_format=output_format, inventory=inventory, limit=limit, remove_crds=remove_crds,
+    )  # fmt: skip
 
 
 @app.command()

@@ -258,6 +258,17 @@ def _collateral(names: list[str]) -> list[str]:
     return sorted(g for g in gone if g.split(":")[0] not in bare)
 
 
+def _restoring(path: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """A plan's item for a file to put back: its kept copy and the mode and owner it had."""
+    return {
+        "path": path,
+        "kept": entry["kept"],
+        "mode": f"{entry['mode']:04o}",
+        "uid": entry["uid"],
+        "gid": entry["gid"],
+    }
+
+
 def cmd_plan(led: Ledger, stage: str, later: list[str]) -> dict[str, Any]:
     doc = led.read("stages", f"{stage}.json")
     plan: dict[str, Any] = {
@@ -292,15 +303,7 @@ def cmd_plan(led: Ledger, stage: str, later: list[str]) -> dict[str, Any]:
             continue
         if cur is None:  # there before the stage and gone now (a purged package took it): back it comes
             if entry.get("kept"):
-                plan["restore"].append(
-                    {
-                        "path": f,
-                        "kept": entry["kept"],
-                        "mode": f"{entry['mode']:04o}",
-                        "uid": entry["uid"],
-                        "gid": entry["gid"],
-                    }
-                )
+                plan["restore"].append(_restoring(f, entry))
             else:
                 plan["foreign"].append({"path": f, "why": "gone, and its original was too large to keep"})
             continue
@@ -309,15 +312,7 @@ def cmd_plan(led: Ledger, stage: str, later: list[str]) -> dict[str, Any]:
         elif original is None:
             plan["remove"].append(f)
         elif entry.get("kept"):
-            plan["restore"].append(
-                {
-                    "path": f,
-                    "kept": entry["kept"],
-                    "mode": f"{entry['mode']:04o}",
-                    "uid": entry["uid"],
-                    "gid": entry["gid"],
-                }
-            )
+            plan["restore"].append(_restoring(f, entry))
         else:
             plan["foreign"].append({"path": f, "why": "its original was too large to keep"})
     # Files that appeared in a watched directory after the stage ran, written by nobody gpuprov knows.
