@@ -105,10 +105,14 @@ def test_a_real_container_sees_the_gpus_through_cdi(bootstrapped: Any, flavour: 
     script = r"""
 set -e
 export DEBIAN_FRONTEND=noninteractive
-command -v busybox >/dev/null || apt-get install -y -q busybox-static >/dev/null
+# busybox for the container's rootfs, installed only for this and purged after: the host is left as
+# it was (gpuprov reset's round trip holds the host to its packages).
+own=0
+command -v busybox >/dev/null || { apt-get install -y -q busybox-static >/dev/null; own=1; }
 r=$(mktemp -d /tmp/cdi-rootfs.XXXXXX)
 trap 'ctr -n gpuprov-test task kill -s KILL cdi-test >/dev/null 2>&1 || true;
-      ctr -n gpuprov-test container rm cdi-test >/dev/null 2>&1 || true; rm -rf "$r"' EXIT
+      ctr -n gpuprov-test container rm cdi-test >/dev/null 2>&1 || true; rm -rf "$r";
+      [ "$own" = 0 ] || apt-get purge -y -q busybox-static >/dev/null' EXIT
 mkdir -p "$r/bin" "$r/dev" "$r/proc" "$r/sys" "$r/etc" "$r/tmp"
 cp "$(command -v busybox)" "$r/bin/busybox"
 for t in sh ls; do ln -s busybox "$r/bin/$t"; done

@@ -189,6 +189,23 @@ def test_a_file_that_was_there_before_and_a_purge_took_comes_back(host: Host) ->
     assert Path(item["kept"]).read_text() == "version = 2\n" and plan["foreign"] == []
 
 
+def test_a_later_stages_file_gone_with_its_reset_is_not_brought_back(host: Host) -> None:
+    """A rerun of docker sees kubernetes' apt pin (written by gpuprov after docker's first run); once
+    kubernetes' reset removed it, docker's reset must not put it back as if it were the host's own."""
+    host.start("docker")
+    run_docker_stage(host)
+    host.run("end", "docker")
+    pin = host.p("etc/containerd/kubernetes.pref")  # stands for any watched file a later stage writes
+    host.run("start", "kubernetes", "--path", str(host.p("etc/containerd")))
+    pin.write_text("Package: kubelet\n")
+    host.run("end", "kubernetes")
+    host.start("docker")  # the rerun: docker sees the pin for the first time
+    host.run("end", "docker")
+    pin.unlink()  # kubernetes' reset
+    plan = host.run("plan", "docker")
+    assert str(pin) not in [r["path"] for r in plan["restore"]], plan["restore"]
+
+
 def test_a_file_someone_else_changed_is_reported_and_left(host: Host) -> None:
     host.start("docker")
     run_docker_stage(host)

@@ -15,7 +15,7 @@ from provisioner.inventory import load_inventory
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "inventory" / "sample"
 # Helper roles: their variables are passed by other roles, not set by users.
-INTERNAL_ROLES = {"apt_signed_repo", "containerd_config"}
+INTERNAL_ROLES = {"apt_signed_repo", "containerd_config", "host_ledger"}
 
 
 def role_knobs() -> dict[str, str]:

@@ -210,7 +210,7 @@ def cmd_start(led: Ledger, stage: str, paths: list[str], state_dirs: list[str]) 
     for f, s in snap["files"].items():
         if f in doc["files"]:
             continue
-        entry: dict[str, Any] = {"original": s}
+        entry: dict[str, Any] = {"original": s, "first_run": first}
         st = os.stat(f)
         entry.update(mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid)
         if s is not None and st.st_size <= MAX_KEEP:
@@ -301,7 +301,12 @@ def cmd_plan(led: Ledger, stage: str, later: list[str]) -> dict[str, Any]:
         original = entry.get("original")
         if cur == original or (cur is None and original is None):
             continue
-        if cur is None:  # there before the stage and gone now (a purged package took it): back it comes
+        if cur is None:
+            # There before the stage and gone now. One the stage's first run found is the host's own
+            # (a purged package took it as its conffile): back it comes. One first seen on a later run
+            # was written by a later stage in between and went with that stage's reset: not this one's.
+            if not entry.get("first_run"):
+                continue
             if entry.get("kept"):
                 plan["restore"].append(_restoring(f, entry))
             else:
