@@ -25,7 +25,7 @@ from provisioner.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuprovError
 from provisioner.hosttext import safe_text
 
 if TYPE_CHECKING:
-    from provisioner.playbookverb.run import VerbResult
+    from provisioner.playbookverb.run import StageRequest, VerbResult
 
 app = typer.Typer(
     name="gpuprov",
@@ -123,8 +123,7 @@ def _run_playbook_verb(
 def _run_stage_verb(
     run: Callable[..., VerbResult],
     progress_filter: Callable[[list[str], list[str]], set[str] | None],
-    only: str | None,
-    skip: str | None,
+    request: StageRequest,
     *,
     check: bool,
     yes: bool,
@@ -134,8 +133,8 @@ def _run_stage_verb(
 ) -> int:
     """A verb that goes stage by stage (bootstrap, reset): --only/--skip resolved, then run with the
     live progress of the stages it takes."""
-    verb = partial(run, only=_split(only), skip=_split(skip), **options)
-    shown = progress_filter(_split(only), _split(skip))
+    verb = partial(run, request, **options)
+    shown = progress_filter(request.only, request.skip)
     return _run_playbook_verb(
         verb, check=check, yes=yes, forks=forks, output_format=output_format, shown=shown
     )
@@ -157,10 +156,11 @@ def bootstrap(
 ) -> int:
     """Take hosts from bare OS to GPU Operator, stage by stage, then verify them."""
     from provisioner.bootstrap.verb import progress_filter, run_bootstrap
+    from provisioner.playbookverb.run import StageRequest
 
     return _run_stage_verb(
-        run_bootstrap, progress_filter, only, skip, check=check, yes=yes, forks=forks,
-        output_format=output_format, inventory=inventory, limit=limit, retry_failed=retry_failed,
+        run_bootstrap, progress_filter, StageRequest(inventory, _split(only), _split(skip), limit),
+        check=check, yes=yes, forks=forks, output_format=output_format, retry_failed=retry_failed,
     )  # fmt: skip
 
 
@@ -186,11 +186,12 @@ def reset(
 ) -> int:
     """Take hosts back, stage by stage in reverse (GPU Operator first, driver last), to how gpuprov found
     them: what each stage installed, held, pinned and wrote, from the host's own ledger; then prove it."""
+    from provisioner.playbookverb.run import StageRequest
     from provisioner.reset.verb import progress_filter, run_reset
 
     return _run_stage_verb(
-        run_reset, progress_filter, only, skip, check=check, yes=yes, forks=forks,
-        output_format=output_format, inventory=inventory, limit=limit, remove_crds=remove_crds,
+        run_reset, progress_filter, StageRequest(inventory, _split(only), _split(skip), limit),
+        check=check, yes=yes, forks=forks, output_format=output_format, remove_crds=remove_crds,
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from provisioner.playbookverb.run import (
     FACTS_PLAY,
     PlaybookVerb,
     RunControls,
+    StageRequest,
     VerbResult,
     choose_and_run,
     need_inventory,
@@ -50,18 +51,10 @@ def _retry_limit(inventory: Path, limit: str | None) -> str | None:
     return f"{names}:&{limit}" if limit else names
 
 
-def run_bootstrap(
-    *,
-    inventory: Path | None,
-    only: list[str],
-    skip: list[str],
-    limit: str | None,
-    retry_failed: bool,
-    controls: RunControls,
-) -> VerbResult:
+def run_bootstrap(request: StageRequest, *, retry_failed: bool, controls: RunControls) -> VerbResult:
     """The verb. Bad input raises InputError before any host is touched; `controls` are run.py's."""
-    inventory = need_inventory(inventory)
-    chosen = select_stages(only, skip)
+    inventory = need_inventory(request.inventory)
+    chosen = select_stages(request.only, request.skip)
     plays = [s for s in chosen if s in STAGE_NAMES]
     spec = PlaybookVerb(
         verb="bootstrap",
@@ -73,6 +66,7 @@ def run_bootstrap(
         expects=chosen,
     )
     inv = spec.open_inventory(inventory)
+    limit = request.limit
     if retry_failed:
         limit = _retry_limit(inventory, limit)
         if limit is None:

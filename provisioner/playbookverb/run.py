@@ -45,6 +45,17 @@ class PlaybookVerb:
 
 
 @dataclass(frozen=True)
+class StageRequest:
+    """What a stage-by-stage verb (bootstrap, reset) is asked for: the inventory, the stages --only and
+    --skip name, and the hosts --limit picks."""
+
+    inventory: Path | None
+    only: list[str]
+    skip: list[str]
+    limit: str | None
+
+
+@dataclass(frozen=True)
 class RunControls:
     """How a playbook verb's run goes, as the command line asks: check mode or a change, the go-ahead to
     change hosts (`assume_yes`, else `confirm` answering yes; None: nobody to ask), the hosts worked on at

@@ -6,14 +6,13 @@ first stage found it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import InputError
 from provisioner.playbookverb.run import (
     FACTS_PLAY,
     PlaybookVerb,
     RunControls,
+    StageRequest,
     VerbResult,
     choose_and_run,
     need_inventory,
@@ -65,18 +64,10 @@ def progress_filter(only: list[str], skip: list[str]) -> set[str] | None:
     return None if len(chosen) == len(RESETTABLE) else {FACTS_PLAY, *chosen, PROOF_PLAY}
 
 
-def run_reset(
-    *,
-    inventory: Path | None,
-    only: list[str],
-    skip: list[str],
-    limit: str | None,
-    remove_crds: bool,
-    controls: RunControls,
-) -> VerbResult:
+def run_reset(request: StageRequest, *, remove_crds: bool, controls: RunControls) -> VerbResult:
     """The verb. Bad input raises InputError before any host is touched; `controls` are run.py's."""
-    inventory = need_inventory(inventory)
-    chosen = reset_stages(only, skip)
+    inventory = need_inventory(request.inventory)
+    chosen = reset_stages(request.only, request.skip)
     if remove_crds and "gpu_operator" not in chosen:
         raise InputError("--remove-crds: the gpu_operator stage is not among those reset")
     spec = PlaybookVerb(
@@ -90,4 +81,4 @@ def run_reset(
         extravars={"host_ledger_resetting": chosen, "gpu_operator_reset_crds": remove_crds},
     )
     inv = spec.open_inventory(inventory)
-    return choose_and_run(spec, inv, inventory, limit, controls)
+    return choose_and_run(spec, inv, inventory, request.limit, controls)
