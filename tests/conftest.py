@@ -13,6 +13,8 @@ state of the lab it needs; lab tests run in the order of ``LAB_PHASES`` (stable 
 - ``bootstrapped``: the whole fleet bootstrapped with the default settings, read or faulted and cleared;
 - ``day2``: day-2 operations on the bootstrapped fleet (MIG layouts, sharing, tenants); whole GPUs and
   schedulable nodes are put back after, the operator's settings are left to the next phase;
+- ``reset``: `gpuprov reset` takes a worker and the operator back, and bootstrap brings them back (the
+  fleet is as the default settings make it again);
 - ``reprovisions``: tests that bootstrap the fleet with other settings (another driver branch).
 """
 
@@ -48,7 +50,7 @@ def lab() -> Iterator[Lab]:
             sys.stderr.write(f"gpuprov lab down --lab {name} failed:\n{down.stderr}\n")
 
 
-LAB_PHASES = ("fresh", "bootstrapped", "day2", "reprovisions")
+LAB_PHASES = ("fresh", "bootstrapped", "day2", "reset", "reprovisions")
 
 
 def _lab_phase(item: pytest.Item) -> int:

@@ -147,3 +147,84 @@ def require_lab() -> None:
 
 def unique_lab_name(prefix: str = "t") -> str:
     return f"{prefix}{os.getpid() % 100000}-{uuid.uuid4().hex[:6]}"
+
+
+# What a host's "state" is for reset's round trip, read by the tests themselves (not by the ledger that
+# reset works from): installed packages, holds, every file under apt's configuration and the engines'
+# configuration directories with its checksum, and which of the stack's directories exist.
+STATE_FILE_DIRS = (
+    "/etc/apt/sources.list",
+    "/etc/apt/sources.list.d",
+    "/etc/apt/keyrings",
+    "/etc/apt/trusted.gpg.d",
+    "/usr/share/keyrings",
+    "/etc/apt/preferences.d",
+    "/etc/apt/apt.conf.d",
+    "/etc/docker",
+    "/etc/containerd",
+)
+STATE_DIRS = (
+    "/etc/docker",
+    "/etc/containerd",
+    "/etc/kubernetes",
+    "/etc/cdi",
+    "/var/run/cdi",
+    "/etc/cni",
+    "/opt/cni",
+    "/var/lib/kubelet",
+    "/var/lib/etcd",
+    "/var/lib/cni",
+    "/root/.kube",
+    "/var/lib/gpuprov",
+)
+
+
+@dataclass(frozen=True)
+class HostState:
+    packages: frozenset[str]
+    holds: frozenset[str]
+    files: dict[str, str]  # path -> sha256
+    dirs: frozenset[str]  # those of STATE_DIRS that exist
+
+    def differences(self, other: HostState) -> list[str]:
+        """What `other` has that this state has not, and the reverse (empty: the same)."""
+        out = [f"package {p} added" for p in sorted(other.packages - self.packages)]
+        out += [f"package {p} gone" for p in sorted(self.packages - other.packages)]
+        out += [f"hold {h} added" for h in sorted(other.holds - self.holds)]
+        out += [f"hold {h} gone" for h in sorted(self.holds - other.holds)]
+        for path in sorted(set(self.files) | set(other.files)):
+            if path not in other.files:
+                out.append(f"{path} gone")
+            elif path not in self.files:
+                out.append(f"{path} added")
+            elif self.files[path] != other.files[path]:
+                out.append(f"{path} changed")
+        out += [f"{d} exists" for d in sorted(other.dirs - self.dirs)]
+        out += [f"{d} gone" for d in sorted(self.dirs - other.dirs)]
+        return out
+
+
+def host_state(lab: Lab, host: str) -> HostState:
+    script = (
+        "dpkg-query -W -f '${db:Status-Abbrev} ${binary:Package}\\n' | awk '$1 ~ /^.i/ {print \"pkg \" $2}'; "
+        "apt-mark showhold | sed 's/^/hold /'; "
+        f"for d in {' '.join(STATE_FILE_DIRS)}; do "
+        '[ -e "$d" ] && find "$d" -type f -exec sha256sum {} +; '
+        'done | awk \'{print "file " $2 " " $1}\'; '
+        f'for d in {" ".join(STATE_DIRS)}; do [ -e "$d" ] && echo "dir $d"; done; true'
+    )
+    res = lab.ssh(host, script, timeout=120)
+    assert res.returncode == 0, f"{host}: cannot read the host's state: {res.stderr}"
+    packages, holds, dirs, files = set(), set(), set(), {}
+    for line in res.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "pkg":
+            packages.add(rest)
+        elif kind == "hold":
+            holds.add(rest)
+        elif kind == "dir":
+            dirs.add(rest)
+        elif kind == "file":
+            path, _, sha = rest.rpartition(" ")
+            files[path] = sha
+    return HostState(frozenset(packages), frozenset(holds), files, frozenset(dirs))

@@ -61,13 +61,16 @@ def test_fabric_manager_starts_only_with_nvswitches_and_the_same_driver(
 
 
 def test_dcgmi_needs_the_host_engine(h100: SimHost) -> None:
-    rc, out, _ = h100.run(dcgm.main, "dcgmi", ["diag", "-r", "1", "-j"], dcgm="4.4.1")
-    assert rc == 255 and out.startswith("Error: unable to establish a connection to the specified host")
+    for command in (["diag", "-r", "1", "-j"], ["discovery", "-l"]):
+        rc, out, _ = h100.run(dcgm.main, "dcgmi", command, dcgm="4.4.1")
+        assert rc == 255 and out.startswith("Error: unable to establish a connection to the specified host")
     hold(h100, "nv-hostengine")
     rc, out, _ = h100.run(dcgm.main, "dcgmi", ["diag", "-r", "1", "-j"], dcgm="4.4.1")
     assert rc == dcgm.RC_DIAG_FAILED  # persistence is off: nvidia-persistenced does not run
     assert {r.gpu for r in parse_dcgm_diag(out)} == set(range(8))
     rc, out, _ = h100.run(dcgm.main, "dcgmi", ["discovery", "-l"], dcgm="4.4.1")
+    assert rc == 0 and out.startswith("8 GPUs found.\n") and out.count("Device UUID: GPU-") == 8
+    rc, out, _ = h100.run(dcgm.main, "dcgmi", ["stats", "-e"], dcgm="4.4.1")
     assert rc == 2 and "not provided by the gpuprov lab" in out
 
 

@@ -40,14 +40,29 @@ EXPECTED_SECONDS: dict[int, int] = {1: 30, 2: 120, 3: 900}
 # What dcgmi is allowed before it is stopped: several times the expected time (a host with eight GPUs
 # runs some tests GPU by GPU), and the probe's own limit a little longer so that the timeout reports.
 LIMIT_SECONDS: dict[int, int] = {1: 300, 2: 1200, 3: 3600}
+# How long a host engine whose service is running may take to answer. DCGM's units start nv-hostengine
+# in the foreground (Type=simple), so `systemctl start` returns before it listens; it is started again
+# right after a GPU reset, and the diagnostic that certifies the GPU follows.
+HOSTENGINE_WAIT_SECONDS = 60
+# The units DCGM's packages ship (datacenter-gpu-manager-4-core: nvidia-dcgm.service; DCGM 3: dcgm.service).
+DCGM_UNITS = "nvidia-dcgm.service dcgm.service"
 
 
 def _probe(level: int) -> Probe:
+    # `dcgmi discovery -l` connects to the host engine and lists its GPUs: once it answers, the engine
+    # takes a diagnostic. While no DCGM unit is active there is nothing to wait for, and the diagnostic
+    # says what it says (an engine run by hand, or none).
     body = f"""
     command -v dcgmi >/dev/null 2>&1 || {{ echo "dcgmi not installed" >&2; return 200; }}
+    deadline=$(( $(date +%s) + {HOSTENGINE_WAIT_SECONDS} ))
+    while ! t 10 dcgmi discovery -l >/dev/null 2>&1 && systemctl -q is-active {DCGM_UNITS} 2>/dev/null \\
+        && [ "$(date +%s)" -lt "$deadline" ]; do
+        sleep 1
+    done
     t {LIMIT_SECONDS[level]} dcgmi diag -r {level} -j
 """
-    return Probe(DIAG_PROBE[level], body, LIMIT_SECONDS[level] + 10, f"DCGM diagnostic level {level}")
+    limit = LIMIT_SECONDS[level] + HOSTENGINE_WAIT_SECONDS + 30
+    return Probe(DIAG_PROBE[level], body, limit, f"DCGM diagnostic level {level}")
 
 
 PROBES: tuple[Probe, ...] = tuple(_probe(level) for level in (1, 2, 3))

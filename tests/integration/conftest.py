@@ -2,7 +2,8 @@
 
 Bootstrap runs twice: the first run provisions every stage, the second must change nothing (idempotence).
 Both results are kept for the tests to inspect. Before the first run, two hosts get the engine settings
-another tool left behind (FOREIGN_*): gpuprov must keep them.
+another tool left behind (FOREIGN_*): gpuprov must keep them; then each host's state is read (packages,
+holds, apt and engine files, the stack's directories), for `gpuprov reset` to be held to.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from labkit import Lab, gpuprov
+from labkit import HostState, Lab, gpuprov, host_state
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Bootstrapped:
     first: BootstrapRun
     second: BootstrapRun
     foreign_hosts: tuple[str, ...]  # the hosts that had another tool's engine settings before the first run
+    before: dict[str, HostState]  # each host as it was before gpuprov first ran on it
 
 
 # What another tool left in the engines' files before gpuprov first ran, on a control-plane host and a
@@ -70,11 +72,12 @@ def _bootstrap(lab: Lab) -> BootstrapRun:
 @pytest.fixture(scope="session")
 def bootstrapped(lab: Lab) -> Iterator[Bootstrapped]:
     _leave_foreign_settings(lab)
+    before = {host: host_state(lab, host) for host in lab.hosts}
     first = _bootstrap(lab)
     if first.rc != 0:
         bad = [h for h in first.summary["hosts"] if h["status"] != "done"]
         pytest.fail(f"first bootstrap failed (rc {first.rc}): {bad}\n{first.stderr[-4000:]}", pytrace=False)
     second = _bootstrap(lab)
-    yield Bootstrapped(lab, first, second, FOREIGN_HOSTS)
+    yield Bootstrapped(lab, first, second, FOREIGN_HOSTS, before)
     for host in lab.hosts:
         lab.cli("lab", "fault", host, "clear")

@@ -5,6 +5,7 @@ H100 captures."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from provisioner.probes.dcgm import (
     parse_dcgm_diag,
 )
 from provisioner.probes.nvbandwidth import bandwidth, parse_nvbandwidth
+from provisioner.probes.script import build_script, new_token, parse_script_output
 from provisioner.probes.smi import parse_nvidia_smi_xml, parse_nvlink_status
 from provisioner.probes.system import parse_host_identity
 
@@ -196,3 +198,51 @@ def test_host_identity() -> None:
     assert parse_host_identity("hostname=gpu-01\nmachine-id=not-an-id\n") == ("gpu-01", None)
     with pytest.raises(ParseError):
         parse_host_identity("")
+
+
+FAKE_DCGMI = """#!/bin/sh
+# answers once the host engine "listens": after $1 failed connections (counted in a file)
+n=$(cat "$STATE/tries" 2>/dev/null || echo 0)
+if [ "$n" -lt "$ENGINE_AFTER" ]; then
+    echo $((n + 1)) > "$STATE/tries"
+    echo "Error: unable to establish a connection to the specified host: localhost"; exit 255
+fi
+case "$1" in
+    discovery) echo "1 GPU found."; exit 0 ;;
+    diag) echo '{"DCGM Diagnostic": {"test_categories": []}}'; exit 0 ;;
+esac
+exit 2
+"""
+
+
+def _run_diag_probe(tmp_path: Path, engine_after: int, unit_active: bool) -> tuple[str, int]:
+    """The real level-1 probe script under /bin/sh, with a fake dcgmi and systemctl on PATH: what it
+    printed and how many connections dcgmi refused before it ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dcgmi").write_text(FAKE_DCGMI)
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\nexit {0 if unit_active else 3}\n")
+    (bin_dir / "sleep").write_text("#!/bin/sh\nexit 0\n")  # the wait's pauses, without the time
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    token = new_token()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STATE": str(tmp_path), "ENGINE_AFTER": str(engine_after)}
+    out = subprocess.run(
+        ["sh", "-c", build_script([DCGM_DIAG], token)], env=env, capture_output=True, text=True, timeout=60
+    )
+    res = parse_script_output(out.stdout, token, [DCGM_DIAG], out.stderr)[DCGM_DIAG]
+    tries = tmp_path / "tries"
+    return res.stdout, int(tries.read_text()) if tries.exists() else 0
+
+
+def test_the_diagnostic_waits_for_a_host_engine_its_service_just_started(tmp_path: Path) -> None:
+    """DCGM's unit starts nv-hostengine in the foreground, so it answers a moment after `systemctl start`
+    returns (as right after a GPU reset): the diagnostic runs once the engine answers."""
+    out, refused = _run_diag_probe(tmp_path, engine_after=3, unit_active=True)
+    assert refused == 3 and out.startswith('{"DCGM Diagnostic"'), out
+
+
+def test_no_wait_when_no_dcgm_service_runs(tmp_path: Path) -> None:
+    """No DCGM unit active: the diagnostic says at once that there is no host engine."""
+    out, refused = _run_diag_probe(tmp_path, engine_after=5, unit_active=False)
+    assert refused == 2 and "unable to establish a connection" in out, out

@@ -1,7 +1,8 @@
 """Part of the gpuprov lab simulation: DCGM's nv-hostengine and dcgmi.
 
 nv-hostengine runs in the foreground (-n, as nvidia-dcgm.service starts it) and holds the NVIDIA device
-files like the real one. dcgmi talks to it: ``diag -r 1 -j`` (what gpuprov's verification runs) does the
+files like the real one. dcgmi talks to it: ``discovery -l`` lists the GPUs, ``diag -r 1 -j`` (what
+gpuprov's verification runs) does the
 level-1 (deployment) checks and reports per GPU in DCGM 4's JSON shape, failing where the host's faults
 say the real one would (pending or failed row remaps, uncorrectable ECC errors, persistence off, fabric
 manager not running on an NVSwitch system). Nothing else of DCGM is simulated: nothing in the lab runs it.
@@ -163,6 +164,16 @@ def diag_level1(host: core.Host, st: dict[str, Any], version: str) -> dict[str, 
     }
 
 
+def discovery_list(host: core.Host, st: dict[str, Any]) -> str:
+    """`dcgmi discovery -l`, shortened: a count line and each GPU's name, PCI bus id and UUID. gpuprov
+    reads only its exit status (0: the host engine answered)."""
+    gpus = smi.visible(host, st)
+    lines = [f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'} found."]
+    for i, g in enumerate(gpus):
+        lines.append(f"| {i:<6} | Name: {g['name']} | PCI Bus ID: {g['bus_id']} | Device UUID: {g['uuid']} |")
+    return "\n".join(lines) + "\n"
+
+
 def dcgmi(host: core.Host, argv: list[str], version: str) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(f"dcgmi -- Interface to the Data Center GPU Manager ({core.SIMULATED})\n")
@@ -201,7 +212,11 @@ def dcgmi(host: core.Host, argv: list[str], version: str) -> int:
         )
         sys.stdout.write(json.dumps(doc, indent=4) + "\n")
         return RC_DIAG_FAILED if failed else 0
-    sys.stdout.write(f"dcgmi {' '.join(argv)}: not provided by the gpuprov lab (only diag -j is)\n")
+    if cmd == "discovery" and "-l" in argv[1:]:
+        sys.stdout.write(discovery_list(host, st))
+        return 0
+    only = "only diag -j and discovery -l"
+    sys.stdout.write(f"dcgmi {' '.join(argv)}: not provided by the gpuprov lab ({only})\n")
     return 2
 
 
