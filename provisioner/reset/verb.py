@@ -6,17 +6,14 @@ first stage found it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from provisioner.content import PLAYBOOKS_DIR
 from provisioner.errors import InputError
-from provisioner.playbookverb.run import (
-    FACTS_PLAY,
-    PlaybookVerb,
-    RunControls,
-    StageRequest,
-    VerbResult,
-    choose_and_run,
-    need_inventory,
-)
+from provisioner.playbookverb.run import FACTS_PLAY, PlaybookVerb, choose_and_run, need_inventory
+
+if TYPE_CHECKING:
+    from provisioner.playbookverb.run import RunControls, StageRequest, VerbResult
 
 RESET_PLAYBOOK = PLAYBOOKS_DIR / "reset.yml"
 PROOF_PLAY = "proof"
