@@ -158,6 +158,20 @@ def test_a_reset_is_refused_while_a_process_holds_the_gpu_and_then_clears_nothin
     assert parse_nvidia_smi_xml(h100.smi("-q", "-x")[1]).gpus[2].remap_pending is False
 
 
+def test_a_running_fabric_manager_does_not_refuse_a_reset(h100: SimHost) -> None:
+    """The fabric manager stays up through a single GPU reset on an NVSwitch system (mig.reset says why);
+    the host engine, which keeps the device open, refuses it."""
+    h100.set_faults([{"kind": "xid", "gpu": 2, "xid": 48, "id": "a1"}])
+    with h100.host.locked() as st:
+        st["users"]["nv-fabricmanager"] = os.getpid()
+    assert reset(h100, 2)[0] == 0 and in_force(h100) == []
+    h100.set_faults([{"kind": "xid", "gpu": 2, "xid": 48, "id": "a2"}])
+    with h100.host.locked() as st:
+        st["users"]["nv-hostengine"] = os.getpid()
+    rc, out = reset(h100, 2)
+    assert rc == 255 and "In use by another client" in out and in_force(h100) == [(48, 2)]
+
+
 # -------------------------------------------------------------------------------------------- reboot
 
 

@@ -216,12 +216,18 @@ def reset(host: core.Host, gpus: list[dict[str, Any]]) -> str:
     """``nvidia-smi -r [-i IDS]``: a GPU reset, what applies a pending MIG change on Ampere (and clears the
     instances; on Hopper and later it clears MIG mode too) and clears the faults a reset clears on those
     GPUs (recovery.py). Refused while any process holds the GPU, with the real text (exit status 255, as
-    captured); fails for a GPU that fell off the bus (Xid 79), before anything is reset."""
+    captured); fails for a GPU that fell off the bus (Xid 79), before anything is reset.
+
+    The fabric manager is not such a process: NVIDIA's Fabric Manager User Guide ("GPU VM System Reset
+    Capabilities and Limitations") has a single GPU reset while it runs (on A100 NVSwitch systems only
+    with it running, it resets the GPU's NVSwitch links itself), nvidia-smi(1) says from Hopper on a reset
+    no longer depends on it, and NVIDIA's NVSentinel (gpu-reset/gpu_reset.sh) resets GPUs with it left
+    running. nvidia-persistenced and nv-hostengine keep the device open and refuse it."""
     with host.locked() as st:
         lost = [g for g in gpus if recovery.lost(host, g["index"])]
         if lost:
             raise MigError(recovery.lost_message(lost), recovery.RC_GPU_IS_LOST)
-        holders = kmod.users(st)
+        holders = {prog: pid for prog, pid in kmod.users(st).items() if prog != "nv-fabricmanager"}
         if holders or _unprivileged(host):
             reason = "In use by another client" if holders else "Insufficient Permissions"
             lines = [
