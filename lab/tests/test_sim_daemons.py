@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import sim_host
+from gpuprov_lab.gpu import core, kmod
 from sim_host import SimHost, daemons, dcgm, watch
 
 from provisioner.probes.dcgm import DiagResult, parse_dcgm_diag
@@ -134,3 +135,21 @@ def test_a_daemon_holds_the_driver_from_its_start_to_its_stop(h100: SimHost) -> 
     assert (h100.root / "sys/module/nvidia/refcnt").read_text() == "0\n"
     assert not dcgm.hostengine_running(h100.host)
     assert h100.kmod("rmmod", "nvidia")[0] == 0
+
+
+def test_a_process_in_another_pid_namespace_does_not_prune_the_hosts_daemons(
+    h100: SimHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod's nvidia-smi (the operator's validator) sees none of the host's PIDs: the daemons registered
+    from the host stay registered; the host itself still forgets one that died."""
+    kmod.add_user(h100.host, "nv-hostengine", os.getpid())
+    monkeypatch.setattr(core, "pid_namespace", lambda: "pid:[1]")  # a container's own PIDs
+    monkeypatch.setattr(core, "pid_alive", lambda pid: False)  # ...where the host's daemon is not seen
+    assert kmod.users(h100.host.state()) == {"nv-hostengine": os.getpid()}
+    with h100.host.locked() as st:
+        kmod.users(st)
+    assert "nv-hostengine" in h100.host.state()["users"]
+    monkeypatch.undo()
+    monkeypatch.setattr(core, "pid_alive", lambda pid: False)  # the host's view: the daemon died
+    with h100.host.locked() as st:
+        assert kmod.users(st) == {}

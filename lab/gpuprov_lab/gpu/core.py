@@ -194,6 +194,14 @@ def _any_fault(faults: list[dict[str, Any]], kind: str, index: int | None) -> bo
     return any(f.get("kind") == kind and (index is None or f.get("gpu", 0) == index) for f in faults)
 
 
+def pid_namespace() -> str | None:
+    """This process's PID namespace ("pid:[4026531836]"), None where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -125,7 +125,12 @@ def holders(st: dict[str, Any], name: str) -> list[str]:
 
 
 def users(st: dict[str, Any]) -> dict[str, int]:
-    """Processes holding /dev/nvidia* open (daemons register themselves), pruned of dead ones."""
+    """Processes holding /dev/nvidia* open (daemons register themselves), pruned of dead ones. Only a
+    process that sees the daemons' PIDs may judge them: a pod's container (the operator's validator runs
+    nvidia-smi) has PIDs of its own, where every daemon of the host would look dead."""
+    ns = core.pid_namespace()
+    if st.get("users_pid_ns") not in (None, ns):
+        return dict(st["users"])
     alive = {prog: pid for prog, pid in st["users"].items() if core.pid_alive(int(pid))}
     st["users"] = alive
     return alive
@@ -136,6 +141,7 @@ def add_user(host: core.Host, prog: str, pid: int) -> None:
     with host.locked() as st:
         users(st)
         st["users"][prog] = pid
+        st["users_pid_ns"] = core.pid_namespace()
         render(host, st)
 
 
