@@ -139,7 +139,8 @@ def heal(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hea
         for host in GPU_HOSTS:
             env.put_back(host)
         # DCGM off again, and the host engine a test started by hand: the lab as the other phases expect
-        # it (the driver stage never removes DCGM; it holds its packages).
+        # it (the driver stage never removes DCGM; it holds its packages). The driver stage then runs
+        # with the lab's own settings: its pin without DCGM, and the modules a reboot left unloaded.
         undo = lab.ssh(
             "gpu2",
             "systemctl stop gpuprov-test-hostengine nvidia-dcgm.service; DEBIAN_FRONTEND=noninteractive "
@@ -147,6 +148,11 @@ def heal(bootstrapped, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hea
             "&& ! command -v dcgmi",
         )  # fmt: skip
         assert undo.returncode == 0, f"DCGM left on gpu2: {undo.stdout}{undo.stderr}"
+        res = gpuprov(
+            "bootstrap", "-i", str(lab.inventory), "--only", "nvidia_driver", "--limit", "gpu2", "--yes",
+            "--skip", "verify", timeout=1800, env={"GPUPROV_HOME": str(env.home)},
+        )  # fmt: skip
+        assert res.returncode == 0, f"gpu2 back to the lab's settings:\n{res.stderr[-3000:]}"
 
 
 GPU_DEPLOYMENT = """
