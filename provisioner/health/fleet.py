@@ -36,6 +36,9 @@ ANNOTATION = "gpuprov.io/needs-service"
 SERVICE_TAINT = "gpuprov.io/needs-service"
 EVIDENCE_CHECKS = ("gpu.xid",)  # kernel log, PCI list, nvidia-smi -q -x
 # Host services that hold /dev/nvidia* while no workload runs: stopped around a GPU reset when active.
+# How often a node under repair is asked again (back from its reboot, Ready, advertising its GPUs): one
+# kubectl call or SSH connection each, for at most --max-concurrent nodes at once.
+POLL_SECONDS = 2.0
 RESET_HOLDER_SERVICES = ("nvidia-persistenced.service", "nvidia-dcgm.service", "dcgm.service")
 DEFAULT_REBOOT_TIMEOUT = 900.0
 DEFAULT_PROBE_TIMEOUT = 180.0
@@ -116,7 +119,7 @@ class HealFleet(SshFleet[HealProbe]):
         control_plane: Any | None,
         connect_timeout: float = 10.0,
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-        poll_s: float = 5.0,
+        poll_s: float = POLL_SECONDS,
     ) -> None:
         super().__init__(hosts, control_plane, annotation=ANNOTATION, connect_timeout=connect_timeout)
         self.probe_timeout = probe_timeout
