@@ -25,6 +25,7 @@ from provisioner.health.decide import HostPlan, plan_host
 from provisioner.hostnumbers import HostNumberError, parse_int
 from provisioner.hosttext import last_line, short_safe_text
 from provisioner.migapply.fleet import allocatable
+from provisioner.probes.dcgm import DCGM_UNITS
 from provisioner.probes.kernel_log import pci_device
 from provisioner.rollout.hosts import SshFleet, read_identity
 from provisioner.rollout.model import HostProbe, StepFailed
@@ -39,7 +40,7 @@ EVIDENCE_CHECKS = ("gpu.xid",)  # kernel log, PCI list, nvidia-smi -q -x
 # How often a node under repair is asked again (back from its reboot, Ready, advertising its GPUs): one
 # kubectl call or SSH connection each, for at most --max-concurrent nodes at once.
 POLL_SECONDS = 2.0
-RESET_HOLDER_SERVICES = ("nvidia-persistenced.service", "nvidia-dcgm.service", "dcgm.service")
+RESET_HOLDER_SERVICES = ("nvidia-persistenced.service", *DCGM_UNITS)
 DEFAULT_REBOOT_TIMEOUT = 900.0
 DEFAULT_PROBE_TIMEOUT = 180.0
 

@@ -45,7 +45,7 @@ LIMIT_SECONDS: dict[int, int] = {1: 300, 2: 1200, 3: 3600}
 # right after a GPU reset, and the diagnostic that certifies the GPU follows.
 HOSTENGINE_WAIT_SECONDS = 60
 # The units DCGM's packages ship (datacenter-gpu-manager-4-core: nvidia-dcgm.service; DCGM 3: dcgm.service).
-DCGM_UNITS = "nvidia-dcgm.service dcgm.service"
+DCGM_UNITS = ("nvidia-dcgm.service", "dcgm.service")
 
 
 def _probe(level: int) -> Probe:
@@ -55,8 +55,8 @@ def _probe(level: int) -> Probe:
     body = f"""
     command -v dcgmi >/dev/null 2>&1 || {{ echo "dcgmi not installed" >&2; return 200; }}
     deadline=$(( $(date +%s) + {HOSTENGINE_WAIT_SECONDS} ))
-    while ! t 10 dcgmi discovery -l >/dev/null 2>&1 && systemctl -q is-active {DCGM_UNITS} 2>/dev/null \\
-        && [ "$(date +%s)" -lt "$deadline" ]; do
+    while ! t 10 dcgmi discovery -l >/dev/null 2>&1 \\
+        && systemctl -q is-active {' '.join(DCGM_UNITS)} 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do
         sleep 1
     done
     t {LIMIT_SECONDS[level]} dcgmi diag -r {level} -j
